@@ -1,0 +1,58 @@
+"""The server's settings: one frozen object, read once at the entry point.
+
+Every field can be set by an environment variable `IDENTITY_<FIELD>` (e.g. `IDENTITY_DB_URL`)
+or by the matching command-line flag, which wins.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_TYPES: tuple[str, ...] = (
+    "person",
+    "organization",
+    "place",
+    "method",
+    "dataset",
+    "task",
+    "metric",
+    "material",
+    "tool",
+    "concept",
+    "other",
+)
+
+
+class Settings(BaseSettings):
+    """Configuration of one identity server process."""
+
+    model_config = SettingsConfigDict(env_prefix="IDENTITY_", frozen=True, extra="forbid")
+
+    db_url: str = Field(
+        default="sqlite:///identity.sqlite",
+        description="SQLAlchemy URL of the identity store (SQLite file or PostgreSQL).",
+    )
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=50051, ge=0, le=65535, description="Port; 0 picks a free one.")
+    types: tuple[str, ...] = Field(default=DEFAULT_TYPES, description="The closed type vocabulary.")
+    strict_types: bool = Field(
+        default=False, description="Refuse unknown mention types instead of reading them as other."
+    )
+    max_mention_length: int = Field(default=512, ge=1, description="Display-form code points.")
+    max_batch_size: int = Field(default=5000, ge=1, description="Mentions per ResolveBatch.")
+    promote_after_papers: int = Field(
+        default=0,
+        ge=0,
+        description="Promote a provisional entity seen in this many distinct papers (0: never).",
+    )
+    batch_reply_ttl_seconds: int = Field(
+        default=7 * 24 * 3600, ge=0, description="How long ResolveBatch replies are kept."
+    )
+    admin_token: str | None = Field(
+        default=None, description="Bearer token for admin RPCs; unset: admin RPCs are refused."
+    )
+    tls_cert: str | None = Field(default=None, description="PEM certificate file: enables TLS.")
+    tls_key: str | None = Field(default=None, description="PEM private key file for TLS.")
+    max_workers: int = Field(default=16, ge=1, description="gRPC handler threads.")
+    grace_seconds: float = Field(default=5.0, ge=0, description="Shutdown grace period.")
