@@ -1,0 +1,160 @@
+"""The identity model: entities, their names, statuses and match kinds. No I/O, no ORM."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from identity_server.errors import InvalidArgument
+from identity_server.normalize import WHITE_SPACE, fold, key
+
+OTHER = "other"
+PROVISIONAL_PREFIX = "prov_"
+
+
+class Status(enum.StrEnum):
+    CANONICAL = "canonical"
+    PROVISIONAL = "provisional"
+    MERGED = "merged"
+
+
+class NameKind(enum.StrEnum):
+    """How a display form belongs to an entity. Order matters: it is matched_name's order."""
+
+    NAME = "name"
+    ALIAS = "alias"
+    SURFACE = "surface"
+
+
+class MatchKind(enum.StrEnum):
+    EXACT = "EXACT"
+    CASE = "CASE"
+    PUNCTUATION = "PUNCTUATION"
+    ALIAS = "ALIAS"
+    TYPO = "TYPO"
+    AMBIGUOUS = "AMBIGUOUS"
+    NEW = "NEW"
+
+
+class Rule(enum.IntEnum):
+    """The rules of SPEC section 2, in the order Resolve tries them."""
+
+    EXACT = 1
+    CASE = 2
+    PUNCTUATION = 3
+    TYPO = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Name:
+    """One display form of an entity. `position` orders names of one kind by when recorded.
+
+    The casefolded form and key are computed once here, since every lookup compares them.
+    """
+
+    display: str
+    kind: NameKind
+    position: int
+    folded: str = field(init=False, compare=False)
+    key: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "folded", fold(self.display))
+        object.__setattr__(self, "key", key(self.display))
+
+
+_KIND_ORDER = {NameKind.NAME: 0, NameKind.ALIAS: 1, NameKind.SURFACE: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Entity:
+    """An entity as the matching index sees it. Merged entities have no names.
+
+    `names` is kept in matched_name order: the name, then aliases, then surface forms, each in
+    the order recorded.
+    """
+
+    entity_id: str
+    entity_type: str
+    status: Status
+    ordinal: int
+    placeholder: bool = False
+    redirect_to: str | None = None
+    names: tuple[Name, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        ordered = tuple(sorted(self.names, key=lambda n: (_KIND_ORDER[n.kind], n.position)))
+        object.__setattr__(self, "names", ordered)
+
+    @property
+    def name(self) -> str:
+        for n in self.names:
+            if n.kind is NameKind.NAME:
+                return n.display
+        return ""
+
+    def has_display(self, display: str) -> bool:
+        return any(n.display == display for n in self.names)
+
+
+def is_provisional_id(entity_id: str) -> bool:
+    return entity_id.startswith(PROVISIONAL_PREFIX)
+
+
+def provisional_id(ordinal: int) -> str:
+    """Opaque to readers (they read `status`), stable, and recognisably provisional."""
+    return f"{PROVISIONAL_PREFIX}{ordinal:08d}"
+
+
+def compatible(entity: Entity, mention_type: str) -> bool:
+    """SPEC: equal types or either is `other`; a placeholder only with exactly its own type."""
+    if entity.placeholder:
+        return entity.entity_type == mention_type
+    return entity.entity_type == mention_type or OTHER in (entity.entity_type, mention_type)
+
+
+def types_compatible(a: str, b: str) -> bool:
+    return a == b or OTHER in (a, b)
+
+
+@dataclass(frozen=True, slots=True)
+class TypeVocabulary:
+    """The closed vocabulary of entity types; `strict` refuses unknown mention types."""
+
+    types: frozenset[str]
+    strict: bool = False
+
+    @classmethod
+    def of(cls, types: tuple[str, ...] | list[str], *, strict: bool = False) -> TypeVocabulary:
+        folded = frozenset(_trim(t).casefold() for t in types)
+        return cls(types=folded | {OTHER}, strict=strict)
+
+    def for_mention(self, raw: str) -> str:
+        """Trimmed and casefolded; empty or unknown reads as `other` unless strict."""
+        t = _trim(raw).casefold()
+        if t in self.types:
+            return t
+        if self.strict:
+            raise InvalidArgument(
+                f"unknown entity type {raw!r}; known types: {', '.join(sorted(self.types))}"
+            )
+        return OTHER
+
+    def for_authority(self, raw: str) -> str:
+        """Authority records are always strict; `other` must be written out."""
+        t = _trim(raw).casefold()
+        if t not in self.types:
+            shown = repr(raw) if raw else "empty"
+            raise InvalidArgument(
+                f"type {shown} is not one of: {', '.join(sorted(self.types))}"
+            )
+        return t
+
+
+def _trim(s: str) -> str:
+    start, end = 0, len(s)
+    while start < end and s[start] in WHITE_SPACE:
+        start += 1
+    while end > start and s[end - 1] in WHITE_SPACE:
+        end -= 1
+    return s[start:end]

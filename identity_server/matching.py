@@ -1,0 +1,179 @@
+"""The rules of SPEC section 2 over the name index: pure, no I/O.
+
+`decide` answers "which entity is this mention about?" without changing anything; the service
+turns its Decision into writes (a new entity, a surface form, a placeholder, links).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from identity_server.domain import OTHER, Entity, MatchKind, Name, NameKind, Rule, Status, compatible
+from identity_server.normalize import fold, key, one_edit_apart
+
+STRONG_TYPO_KEY = 6  # SPEC: the shorter key has 6+ characters
+WEAK_TYPO_KEY = 4  # 4 or 5 characters: a weak candidate, linked but never converged on
+MIN_PUNCTUATION_KEY = 3
+
+
+class Outcome(enum.Enum):
+    CONVERGED = "converged"
+    AMBIGUOUS = "ambiguous"
+    WEAK = "weak"
+    NEW = "new"
+
+
+class IndexView(Protocol):
+    """What the rules need from an index: lookups by display form, fold, key and typo variants."""
+
+    def get(self, entity_id: str) -> Entity | None: ...
+    def with_display(self, display: str) -> set[str]: ...
+    def with_fold(self, folded: str) -> set[str]: ...
+    def with_key(self, k: str) -> set[str]: ...
+    def typo_neighbours(self, k: str) -> Iterable[tuple[str, set[str]]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    entity: Entity
+    matched_name: str  # the first matching name: name, aliases, surface forms, in recorded order
+    alias_only: bool  # every name of the entity that matched at the rule is an alias
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the rules decided for one mention (display form and normalised type)."""
+
+    outcome: Outcome
+    rule: Rule | None
+    candidates: tuple[Candidate, ...]  # the deciding rule's, best rank first, ties by creation
+    best: tuple[Candidate, ...]  # the best-ranked among them
+
+    @property
+    def winner(self) -> Candidate | None:
+        return self.best[0] if self.outcome is Outcome.CONVERGED else None
+
+    @property
+    def match_kind(self) -> MatchKind:
+        if self.outcome is Outcome.AMBIGUOUS:
+            return MatchKind.AMBIGUOUS
+        if self.outcome is not Outcome.CONVERGED:
+            return MatchKind.NEW
+        assert self.rule is not None
+        if self.rule is Rule.TYPO:
+            return MatchKind.TYPO
+        if self.best[0].alias_only:
+            return MatchKind.ALIAS
+        return {Rule.EXACT: MatchKind.EXACT, Rule.CASE: MatchKind.CASE}.get(
+            self.rule, MatchKind.PUNCTUATION
+        )
+
+
+NEW_DECISION = Decision(Outcome.NEW, None, (), ())
+
+
+def rank(entity: Entity, mention_type: str) -> tuple[int, int]:
+    """(1) same type (both `other` counts) before a match through `other`; (2) canonical first."""
+    return (
+        0 if entity.entity_type == mention_type else 1,
+        0 if entity.status is Status.CANONICAL else 1,
+    )
+
+
+def decide(index: IndexView, display: str, mention_type: str) -> Decision:
+    """Apply rules 1-4 in order; the first rule with a compatible candidate decides."""
+    folded = fold(display)
+    k = key(display)
+
+    found = _candidates(
+        index, index.with_display(display), mention_type,
+        lambda e: [n for n in e.names if n.display == display],
+    )
+    if found:
+        return _decided(Rule.EXACT, found, mention_type)
+    found = _candidates(
+        index, index.with_fold(folded), mention_type,
+        lambda e: [n for n in e.names if n.folded == folded],
+    )
+    if found:
+        return _decided(Rule.CASE, found, mention_type)
+    found = _candidates(
+        index, index.with_key(k), mention_type, lambda e: [n for n in e.names if n.key == k]
+    )
+    if found:
+        if len(k) >= MIN_PUNCTUATION_KEY:
+            return _decided(Rule.PUNCTUATION, found, mention_type)
+        return _weak(Rule.PUNCTUATION, found, mention_type)
+    return _typo(index, k, mention_type)
+
+
+def _typo(index: IndexView, k: str, mention_type: str) -> Decision:
+    """Rule 4 over names and aliases; strong pairs (shorter key 6+) outrank weak ones (4-5)."""
+    strong: dict[str, set[str]] = {}  # entity id -> the anchor keys through which it matched
+    weak: dict[str, set[str]] = {}
+    for anchor, ids in index.typo_neighbours(k):
+        shorter = min(len(anchor), len(k))
+        if shorter < WEAK_TYPO_KEY or not one_edit_apart(k, anchor):
+            continue
+        bucket = strong if shorter >= STRONG_TYPO_KEY else weak
+        for eid in ids:
+            bucket.setdefault(eid, set()).add(anchor)
+    for bucket, decided in ((strong, _decided), (weak, _weak)):
+        found = _candidates(
+            index,
+            bucket,
+            mention_type,
+            lambda e, b=bucket: [  # type: ignore[misc]
+                n for n in e.names if n.kind is not NameKind.SURFACE and n.key in b[e.entity_id]
+            ],
+        )
+        if found:
+            return decided(Rule.TYPO, found, mention_type)
+    return NEW_DECISION
+
+
+def _candidates(
+    index: IndexView,
+    ids: Iterable[str],
+    mention_type: str,
+    matching: Callable[[Entity], list[Name]],
+) -> list[Candidate]:
+    """Compatible entities among ids, each with its matching names; sorted by rank, then age."""
+    out: list[Candidate] = []
+    for eid in ids:
+        entity = index.get(eid)
+        if entity is None or entity.status is Status.MERGED or not compatible(entity, mention_type):
+            continue
+        matched = matching(entity)  # entity.names is already in matched_name order
+        if not matched:
+            continue
+        out.append(
+            Candidate(
+                entity=entity,
+                matched_name=matched[0].display,
+                alias_only=all(n.kind is NameKind.ALIAS for n in matched),
+            )
+        )
+    out.sort(key=lambda c: (rank(c.entity, mention_type), c.entity.ordinal))
+    return out
+
+
+def _best(found: list[Candidate], mention_type: str) -> tuple[Candidate, ...]:
+    top = rank(found[0].entity, mention_type)
+    return tuple(c for c in found if rank(c.entity, mention_type) == top)
+
+
+def _decided(rule: Rule, found: list[Candidate], mention_type: str) -> Decision:
+    best = _best(found, mention_type)
+    outcome = Outcome.CONVERGED if len(best) == 1 else Outcome.AMBIGUOUS
+    return Decision(outcome, rule, tuple(found), best)
+
+
+def _weak(rule: Rule, found: list[Candidate], mention_type: str) -> Decision:
+    return Decision(Outcome.WEAK, rule, tuple(found), _best(found, mention_type))
+
+
+__all__ = ["Candidate", "Decision", "IndexView", "NEW_DECISION", "OTHER", "Outcome", "decide", "rank"]

@@ -1,0 +1,119 @@
+"""Display forms, keys and the one-edit test of SPEC section 2: pure functions, stdlib only.
+
+Every stored name and every mention goes through `display_form`; the matching rules then compare
+display forms, their casefolded forms and their keys. These functions are the contract's
+definitions written out, so each step below names the sentence of the spec it implements.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+# The Unicode White_Space property (PropList.txt). Not str.isspace(): that also accepts the
+# information separators U+001C..U+001F, which are Cc but not White_Space.
+WHITE_SPACE = frozenset(
+    "\u0009\u000a\u000b\u000c\u000d\u0020\u0085\u00a0\u1680"
+    "\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+
+# Punctuation that keys keep (SPEC: "except `#`").
+_KEPT_PUNCTUATION = frozenset("#")
+
+
+def _is_digit(char: str) -> bool:
+    """A decimal digit: Unicode category Nd (not superscripts or other No numbers)."""
+    return unicodedata.category(char) == "Nd"
+
+
+def display_form(text: str) -> str:
+    """NFKC, drop non-space Cc/Cf characters, NFKC again, collapse White_Space runs, trim."""
+    text = unicodedata.normalize("NFKC", text)
+    text = "".join(
+        c for c in text if c in WHITE_SPACE or unicodedata.category(c) not in ("Cc", "Cf")
+    )
+    text = unicodedata.normalize("NFKC", text)
+    out: list[str] = []
+    in_space = False
+    for c in text:
+        if c in WHITE_SPACE:
+            in_space = True
+            continue
+        if in_space and out:
+            out.append(" ")
+        in_space = False
+        out.append(c)
+    return "".join(out)
+
+
+def fold(display: str) -> str:
+    """The casefolded display form that rule 2 compares."""
+    return display.casefold()
+
+
+def key(display: str) -> str:
+    """Casefold, then delete White_Space and punctuation, keeping `#` and a mark between digits.
+
+    "Mem-Castle", "mem castle" and "MemCastle" share the key `memcastle`; "Windows 1.0" keeps its
+    dot (`windows1.0`) so that it never equals "Windows 10".
+    """
+    folded = display.casefold()
+    out: list[str] = []
+    last = len(folded) - 1
+    for i, c in enumerate(folded):
+        if c in WHITE_SPACE:
+            continue
+        if unicodedata.category(c).startswith("P") and c not in _KEPT_PUNCTUATION:
+            between_digits = 0 < i < last and _is_digit(folded[i - 1]) and _is_digit(folded[i + 1])
+            if not between_digits:
+                continue
+        out.append(c)
+    return "".join(out)
+
+
+def _guarded(s: str, i: int) -> bool:
+    """True when editing s[i] does not count as a typo: it is a digit, or both neighbours are."""
+    if _is_digit(s[i]):
+        return True
+    return 0 < i < len(s) - 1 and _is_digit(s[i - 1]) and _is_digit(s[i + 1])
+
+
+def one_edit_apart(a: str, b: str) -> bool:
+    """True when keys a and b are one counting edit apart (optimal string alignment distance 1).
+
+    An insertion, deletion, substitution or adjacent swap counts unless it touches a digit or a
+    character standing between two digits: "windows10"/"windows11" and "covid19"/"covid18" are
+    different things, not typos of each other.
+    """
+    la, lb = len(a), len(b)
+    if la == lb:
+        return _one_substitution_or_swap(a, b)
+    if abs(la - lb) != 1:
+        return False
+    longer, shorter = (a, b) if la > lb else (b, a)
+    # Every position whose deletion turns `longer` into `shorter` is a valid alignment; the pair is
+    # a typo when any of them is an edit that counts. Such positions form one run of equal chars.
+    i = 0
+    while i < len(shorter) and longer[i] == shorter[i]:
+        i += 1
+    if longer[i + 1 :] != shorter[i:]:
+        return False
+    j = i
+    while True:
+        if not _guarded(longer, j):
+            return True
+        if j == 0 or longer[j - 1] != longer[i]:
+            return False
+        j -= 1
+
+
+def _one_substitution_or_swap(a: str, b: str) -> bool:
+    diffs = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(diffs) == 1:
+        i = diffs[0]
+        return not (_guarded(a, i) or _guarded(b, i))
+    if len(diffs) == 2:
+        i, j = diffs
+        if j == i + 1 and a[i] == b[j] and a[j] == b[i]:
+            return not (_is_digit(a[i]) or _is_digit(a[j]))
+    return False
