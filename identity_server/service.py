@@ -1,0 +1,608 @@
+"""Use cases of the identity server: resolve, inspect, curate, import. One transaction each.
+
+Writes run under the store's write lock (`_write`): the index first catches up with the change
+feed, so a decision always sees every committed change from every server process, and the
+outcome of concurrent calls equals some one-at-a-time order of them. Reads catch up the same way
+without the lock. Within one process, a lock keeps the index consistent between threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from identity_server.authority import AuthorityRecord, RecordError, parse_authority
+from identity_server.domain import (
+    OTHER,
+    Entity,
+    MatchKind,
+    NameKind,
+    Status,
+    TypeVocabulary,
+    is_provisional_id,
+    types_compatible,
+)
+from identity_server.errors import EntityNotFound, FailedPrecondition, InvalidArgument
+from identity_server.index import NameIndex
+from identity_server.matching import Decision, Outcome, decide
+from identity_server.normalize import display_form, key
+from identity_server.store.sql import ChangeRecord, LinkRow, SqlStore, Tx
+from identity_server.unit import DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+IMPORT_CHUNK = 1000
+MAX_ID_LENGTH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Mention:
+    """A mention checked and normalised: its display form, its type and the raw type given."""
+
+    display: str
+    entity_type: str
+    raw_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveResult:
+    entity_id: str  # empty: lookup-only, and a creating call would make a new entity
+    status: Status | None
+    match_kind: MatchKind
+    created: bool
+    possibly_same_as: tuple[str, ...]
+    candidates: tuple[str, ...]
+    name: str
+    matched_name: str
+    entity_type: str
+    display_form: str
+
+
+@dataclass(frozen=True, slots=True)
+class ItemError:
+    """Why one mention of a batch was not resolved (`code` is a gRPC status code name)."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class EntityView:
+    entity_id: str
+    name: str
+    entity_type: str
+    status: Status
+    aliases: tuple[str, ...]
+    surface_forms: tuple[str, ...]
+    redirect_to: str
+    placeholder: bool
+    evidence_count: int
+    paper_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ImportReport:
+    imported: int = 0
+    created: int = 0
+    updated: int = 0
+    merged: int = 0
+    linked: int = 0
+    errors: tuple[RecordError, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """The settings the use cases need (the server builds it from Settings)."""
+
+    vocabulary: TypeVocabulary
+    max_mention_length: int = 512
+    max_batch_size: int = 5000
+    promote_after_papers: int = 0
+    batch_reply_ttl_seconds: int = 7 * 24 * 3600
+
+
+class IdentityService:
+    """The identity server's use cases over one store and its in-memory index."""
+
+    def __init__(self, store: SqlStore, config: ServiceConfig) -> None:
+        self.store = store
+        self.config = config
+        self.index = NameIndex()
+        self._seq = 0
+        self._lock = threading.RLock()
+        self._known_papers: dict[str, set[str]] = {}
+        self._batches_written = 0
+        self._load()
+
+    # -- start-up and catching up ----------------------------------------------------------------
+
+    def _load(self) -> None:
+        """Build the index from the store: the feed position first, then every entity, so
+        changes committed meanwhile are replayed by the next catch-up (reloads are idempotent)."""
+        with self._lock, self.store.read() as tx:
+            self._seq = tx.max_seq()
+            self.index = NameIndex()
+            for entity in tx.iter_all_entities():
+                self.index.put(entity)
+        logger.info("index built: %d entities, feed at %d", len(self.index), self._seq)
+
+    def _catch_up(self, tx: Tx) -> None:
+        changes = tx.changes_after(self._seq)
+        if not changes:
+            return
+        ids: set[str] = set()
+        for c in changes:
+            ids.add(c.entity_id)
+            if c.other_id:
+                ids.add(c.other_id)
+            ids.update(c.detail.get("redirected", ()))
+        self._reload(tx, ids)
+        self._seq = changes[-1].seq
+
+    def _reload(self, tx: Tx, ids: Iterable[str]) -> None:
+        wanted = set(ids)
+        loaded = tx.load_entities(wanted)
+        for eid in wanted:
+            entity = loaded.get(eid)
+            if entity is None:
+                self.index.discard(eid)
+            else:
+                self.index.put(entity)
+
+    def _write(self, work: Callable[[Unit], T]) -> T:
+        with self._lock:
+            unit: Unit | None = None
+            try:
+                with self.store.write() as tx:
+                    self._catch_up(tx)
+                    unit = Unit(tx, self.index, self._seq)
+                    result = work(unit)
+                    tx.append_changes(unit.changes)
+                self._seq = unit.seq
+                return result
+            except BaseException:
+                if unit is not None and unit.touched:
+                    self._known_papers.clear()
+                    with self.store.read() as tx:
+                        self._reload(tx, unit.touched)
+                raise
+
+    def _read(self, work: Callable[[Tx], T]) -> T:
+        with self._lock, self.store.read() as tx:
+            self._catch_up(tx)
+            return work(tx)
+
+    @property
+    def feed_position(self) -> int:
+        return self._seq
+
+    # -- checking input --------------------------------------------------------------------------
+
+    def parse_mention(self, mention: str, entity_type: str) -> Mention:
+        display = display_form(mention)
+        if not display:
+            raise InvalidArgument("mention is empty (nothing left after normalisation)")
+        if len(display) > self.config.max_mention_length:
+            raise InvalidArgument(
+                f"mention is {len(display)} code points long; the limit is "
+                f"{self.config.max_mention_length}"
+            )
+        if not key(display):
+            raise InvalidArgument(f"mention {display!r} has no letters, digits or symbols")
+        return Mention(display, self.config.vocabulary.for_mention(entity_type), entity_type)
+
+    def _live(self, entity_id: str) -> Entity:
+        entity = self.index.live(entity_id) if entity_id else None
+        if entity is None:
+            raise EntityNotFound(f"no entity with id {entity_id!r}")
+        return entity
+
+    # -- resolving -------------------------------------------------------------------------------
+
+    def resolve(self, mention: str, entity_type: str, *, context_id: str = "",
+                lookup_only: bool = False) -> ResolveResult:
+        m = self.parse_mention(mention, entity_type)
+        if lookup_only:
+            return self._read(lambda tx: self._look(tx, m))
+        return self._write(lambda u: self._resolve(u, m, context_id))
+
+    def resolve_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
+                      lookup_only: bool = False) -> list[ResolveResult | ItemError]:
+        """Resolve in order, in one transaction; a repeated request gets the first reply."""
+        if len(mentions) > self.config.max_batch_size:
+            raise InvalidArgument(
+                f"batch has {len(mentions)} mentions; the limit is {self.config.max_batch_size}"
+            )
+        parsed: list[Mention | ItemError] = []
+        for i, (text, etype) in enumerate(mentions):
+            try:
+                parsed.append(self.parse_mention(text, etype))
+            except InvalidArgument as e:
+                parsed.append(ItemError("INVALID_ARGUMENT", f"mention {i}: {e}"))
+
+        if lookup_only:
+            return self._read(
+                lambda tx: [p if isinstance(p, ItemError) else self._look(tx, p) for p in parsed]
+            )
+
+        request_hash = _batch_hash(context_id, mentions) if context_id else None
+
+        def work(u: Unit) -> list[ResolveResult | ItemError]:
+            if request_hash is not None:
+                ttl = self.config.batch_reply_ttl_seconds
+                stored = u.tx.batch_reply(request_hash, not_before=u.now - ttl)
+                if stored is not None:
+                    return _decode_results(stored)
+            results = [
+                p if isinstance(p, ItemError) else self._resolve(u, p, context_id)
+                for p in parsed
+            ]
+            if request_hash is not None:
+                u.tx.put_batch_reply(request_hash, _encode_results(results), now=u.now)
+                self._batches_written += 1
+                if self._batches_written % 1000 == 1:
+                    u.tx.purge_batch_replies(before=u.now - self.config.batch_reply_ttl_seconds)
+            return results
+
+        return self._write(work)
+
+    def _resolve(self, u: Unit, m: Mention, context_id: str) -> ResolveResult:
+        d = decide(self.index, m.display, m.entity_type)
+        candidates = tuple(c.entity.entity_id for c in d.candidates)
+        if d.outcome is Outcome.CONVERGED:
+            assert d.winner is not None
+            entity = d.winner.entity
+            if not entity.has_display(m.display):
+                entity = u.add_name(entity, m.display, NameKind.SURFACE)
+            if (entity.status is Status.PROVISIONAL and not entity.placeholder
+                    and entity.entity_type == OTHER and m.entity_type != OTHER):
+                entity = u.upgrade_type(entity, m.entity_type)
+            entity = self._record_evidence(u, entity, m, context_id)
+            return _result(entity, d.match_kind, False, (), candidates, d.winner.matched_name, m)
+
+        if d.outcome is Outcome.AMBIGUOUS:
+            existing = u.tx.placeholder(m.display, m.entity_type)
+            created = existing is None
+            if existing is None:
+                entity = u.create_provisional(m.display, m.entity_type, placeholder=True)
+                u.tx.insert_placeholder(m.display, m.entity_type, entity.entity_id)
+            else:
+                entity = self._live(existing)
+            linked = tuple(
+                c.entity.entity_id for c in d.best if u.link(entity.entity_id, c.entity.entity_id)
+            )
+            entity = self._record_evidence(u, entity, m, context_id)
+            return _result(entity, MatchKind.AMBIGUOUS, created, linked, candidates,
+                           d.best[0].matched_name, m)
+
+        entity = u.create_provisional(m.display, m.entity_type, placeholder=False)
+        linked = tuple(
+            c.entity.entity_id for c in d.best if u.link(entity.entity_id, c.entity.entity_id)
+        )
+        entity = self._record_evidence(u, entity, m, context_id)
+        matched = d.best[0].matched_name if d.best else ""
+        return _result(entity, MatchKind.NEW, True, linked, candidates, matched, m)
+
+    def _record_evidence(self, u: Unit, entity: Entity, m: Mention, context_id: str) -> Entity:
+        """Evidence of the mention under its paper; promotes at the configured paper count."""
+        if not context_id:
+            return entity
+        u.tx.add_evidence(entity.entity_id, context_id, m.display, m.raw_type)
+        threshold = self.config.promote_after_papers
+        if threshold <= 0 or entity.status is not Status.PROVISIONAL or entity.placeholder:
+            return entity
+        known = self._known_papers.setdefault(entity.entity_id, set())
+        if context_id in known:
+            return entity
+        known.add(context_id)
+        group = [entity.entity_id, *u.tx.merged_into(entity.entity_id)]
+        _, papers = u.tx.evidence_summary(group)
+        if papers >= threshold:
+            self._known_papers.pop(entity.entity_id, None)
+            return u.promote(entity, reason=f"evidence from {papers} papers")
+        return entity
+
+    def _look(self, tx: Tx, m: Mention) -> ResolveResult:
+        """What a creating call would answer, writing nothing."""
+        d: Decision = decide(self.index, m.display, m.entity_type)
+        candidates = tuple(c.entity.entity_id for c in d.candidates)
+        if d.outcome is Outcome.CONVERGED:
+            assert d.winner is not None
+            return _result(d.winner.entity, d.match_kind, False, (), candidates,
+                           d.winner.matched_name, m)
+        matched = d.best[0].matched_name if d.best else ""
+        if d.outcome is Outcome.AMBIGUOUS:
+            existing = tx.placeholder(m.display, m.entity_type)
+            placeholder = self.index.live(existing) if existing else None
+            if placeholder is not None:
+                return _result(placeholder, MatchKind.AMBIGUOUS, False, (), candidates, matched, m)
+            return _nothing(MatchKind.AMBIGUOUS, candidates, matched, m)
+        return _nothing(MatchKind.NEW, candidates, matched, m)
+
+    # -- inspecting ------------------------------------------------------------------------------
+
+    def get_entity(self, entity_id: str) -> EntityView:
+        def work(tx: Tx) -> EntityView:
+            entity = self.index.get(entity_id) if entity_id else None
+            if entity is None:
+                raise EntityNotFound(f"no entity with id {entity_id!r}")
+            return self._view(tx, entity)
+
+        return self._read(work)
+
+    def _view(self, tx: Tx, entity: Entity) -> EntityView:
+        redirect = ""
+        group = [entity.entity_id]
+        if entity.status is Status.MERGED:
+            live = self.index.live(entity.entity_id)
+            redirect = live.entity_id if live is not None else entity.redirect_to or ""
+        else:
+            group += tx.merged_into(entity.entity_id)
+        evidence, papers = tx.evidence_summary(group)
+        return EntityView(
+            entity_id=entity.entity_id,
+            name=entity.name,
+            entity_type=entity.entity_type,
+            status=entity.status,
+            aliases=tuple(n.display for n in entity.names if n.kind is NameKind.ALIAS),
+            surface_forms=tuple(n.display for n in entity.names if n.kind is NameKind.SURFACE),
+            redirect_to=redirect,
+            placeholder=entity.placeholder,
+            evidence_count=evidence,
+            paper_count=papers,
+        )
+
+    def list_links(self, *, entity_id: str = "", page_size: int = 100,
+                   page_token: str = "") -> tuple[list[LinkRow], str]:
+        size = min(max(page_size or 100, 1), 1000)
+        after = _decode_token(page_token)
+
+        def work(tx: Tx) -> tuple[list[LinkRow], str]:
+            live = self._live(entity_id).entity_id if entity_id else None
+            rows = tx.open_links(entity_id=live, after=after, limit=size + 1)
+            token = ""
+            if len(rows) > size:
+                rows = rows[:size]
+                last = rows[-1]
+                token = json.dumps([last.created_seq, last.a, last.b])
+            return rows, token
+
+        return self._read(work)
+
+    def list_changes(self, after: int, limit: int | None = None) -> list[ChangeRecord]:
+        with self.store.read() as tx:
+            return tx.changes_after(after, limit)
+
+    # -- curating (admin) --------------------------------------------------------------------------
+
+    def add_alias(self, entity_id: str, alias: str) -> EntityView:
+        display = display_form(alias)
+        if not display or not key(display):
+            raise InvalidArgument("alias is empty or has no letters, digits or symbols")
+        if len(display) > self.config.max_mention_length:
+            raise InvalidArgument(f"alias is longer than {self.config.max_mention_length}")
+
+        def work(u: Unit) -> EntityView:
+            entity = self._live(entity_id)
+            entity = u.add_name(entity, display, NameKind.ALIAS, "curator")
+            return self._view(u.tx, entity)
+
+        return self._write(work)
+
+    def promote(self, entity_id: str) -> EntityView:
+        def work(u: Unit) -> EntityView:
+            entity = u.promote(self._live(entity_id), reason="admin")
+            self._known_papers.pop(entity.entity_id, None)
+            return self._view(u.tx, entity)
+
+        return self._write(work)
+
+    def merge(self, source_id: str, target_id: str) -> EntityView:
+        def work(u: Unit) -> EntityView:
+            source, target = self._live(source_id), self._live(target_id)
+            original = self.index.get(source_id)
+            if (source.entity_id == target.entity_id and original is not None
+                    and original.status is Status.MERGED):
+                return self._view(u.tx, target)  # already merged: a no-op
+            u.check_mergeable(source, target)
+            return self._view(u.tx, u.merge(source, target, reason="admin"))
+
+        return self._write(work)
+
+    def settle(self, entity_id: str, other_id: str, decision: str, *, actor: str,
+               reason: str) -> EntityView:
+        if decision not in (SAME, DISTINCT):
+            raise InvalidArgument("decision must be SAME or DISTINCT")
+        if not actor.strip() or not reason.strip():
+            raise InvalidArgument("a decision records who made it and why: give actor and reason")
+
+        def work(u: Unit) -> EntityView:
+            a, b = self._live(entity_id), self._live(other_id)
+            row = u.tx.link(a.entity_id, b.entity_id) if a.entity_id != b.entity_id else None
+            if row is None or row.state != OPEN:
+                raise FailedPrecondition(
+                    f"{a.entity_id} and {b.entity_id} have no open possibly_same_as link"
+                )
+            result = a
+            if decision == SAME:
+                target, source = sorted((a, b), key=_merge_rank)
+                u.check_mergeable(source, target)
+                result = u.merge(source, target, reason=f"settled same by {actor}")
+            seq = u.emit(LINK_SETTLED, a.entity_id, b.entity_id, decision=decision, actor=actor,
+                         reason=reason)
+            u.tx.put_link(a.entity_id, b.entity_id, decision, seq, actor=actor, reason=reason,
+                          now=u.now)
+            return self._view(u.tx, result)
+
+        return self._write(work)
+
+    # -- importing (admin) -----------------------------------------------------------------------
+
+    def import_lines(self, lines: Iterable[str], fmt: str | None = None) -> ImportReport:
+        """Import an authority file's lines; bad records are refused with their line numbers."""
+        errors: list[RecordError] = []
+        counts = {"imported": 0, "created": 0, "updated": 0, "merged": 0, "linked": 0}
+        keys: dict[str, None] = {}
+        chunk: list[AuthorityRecord] = []
+
+        def flush() -> None:
+            if chunk:
+                self._write(lambda u: self._import_chunk(u, list(chunk), counts, keys, errors))
+                chunk.clear()
+
+        for item in parse_authority(lines, fmt):
+            if isinstance(item, RecordError):
+                errors.append(item)
+                continue
+            chunk.append(item)
+            if len(chunk) >= IMPORT_CHUNK:
+                flush()
+        flush()
+        pending = list(keys)
+        for i in range(0, len(pending), IMPORT_CHUNK):
+            part = pending[i : i + IMPORT_CHUNK]
+            self._write(lambda u: self._import_merges(u, part, counts))
+        return ImportReport(errors=tuple(errors), **counts)
+
+    def _import_chunk(self, u: Unit, records: list[AuthorityRecord], counts: dict[str, int],
+                      keys: dict[str, None], errors: list[RecordError]) -> None:
+        for rec in records:
+            try:
+                entity_id, name, entity_type, aliases = self._check_record(rec)
+            except InvalidArgument as e:
+                errors.append(RecordError(rec.line, str(e)))
+                continue
+            existing = self.index.get(entity_id)
+            if existing is None:
+                u.create_canonical(entity_id, name, entity_type, aliases)
+                counts["created"] += 1
+            else:
+                u.reimport_canonical(existing, name, entity_type, aliases)
+                counts["updated"] += 1
+            counts["imported"] += 1
+            k = key(name)
+            if len(k) >= 3:
+                keys[k] = None
+
+    def _check_record(self, rec: AuthorityRecord) -> tuple[str, str, str, list[str]]:
+        entity_id = rec.entity_id.strip()
+        if not entity_id:
+            raise InvalidArgument("empty id")
+        if len(entity_id) > MAX_ID_LENGTH:
+            raise InvalidArgument(f"id longer than {MAX_ID_LENGTH} characters")
+        if is_provisional_id(entity_id):
+            raise InvalidArgument(f"id {entity_id!r} looks like a provisional id")
+        existing = self.index.get(entity_id)
+        if existing is not None and existing.status is Status.MERGED:
+            raise InvalidArgument(f"id {entity_id!r} was merged into {existing.redirect_to}")
+        if existing is not None and existing.status is not Status.CANONICAL:
+            raise InvalidArgument(f"id {entity_id!r} belongs to a provisional entity")
+        entity_type = self.config.vocabulary.for_authority(rec.entity_type)
+        name = display_form(rec.name)
+        if not name or not key(name):
+            raise InvalidArgument("empty name")
+        if len(name) > self.config.max_mention_length:
+            raise InvalidArgument(f"name longer than {self.config.max_mention_length}")
+        aliases = [a for a in (display_form(x) for x in rec.aliases) if a and key(a)]
+        if any(len(a) > self.config.max_mention_length for a in aliases):
+            raise InvalidArgument(f"an alias is longer than {self.config.max_mention_length}")
+        return entity_id, name, entity_type, aliases
+
+    def _import_merges(self, u: Unit, keys: list[str], counts: dict[str, int]) -> None:
+        """Merge provisional entities that rule 3 would converge on into the imported ones;
+        link them instead where several compatible canonical entities share the key."""
+        for k in keys:
+            entities = [e for e in (self.index.get(i) for i in self.index.with_key(k)) if e]
+            canonical = [e for e in entities if e.status is Status.CANONICAL]
+            provisional = [
+                e for e in entities if e.status is Status.PROVISIONAL and not e.placeholder
+            ]
+            for p in sorted(provisional, key=lambda e: e.ordinal):
+                targets = sorted(
+                    (c for c in canonical if types_compatible(c.entity_type, p.entity_type)),
+                    key=lambda e: e.ordinal,
+                )
+                if len(targets) == 1:
+                    if not u.is_distinct(p.entity_id, targets[0].entity_id):
+                        u.merge(p, self._live(targets[0].entity_id), reason="import")
+                        counts["merged"] += 1
+                elif targets:
+                    if any([u.link(p.entity_id, c.entity_id) for c in targets]):
+                        counts["linked"] += 1
+
+
+def _merge_rank(e: Entity) -> tuple[int, int, int]:
+    """The better-ranked entity of a pair is the merge target."""
+    return (0 if e.status is Status.CANONICAL else 1, 1 if e.placeholder else 0, e.ordinal)
+
+
+def _result(entity: Entity, kind: MatchKind, created: bool, linked: tuple[str, ...],
+            candidates: tuple[str, ...], matched: str, m: Mention) -> ResolveResult:
+    return ResolveResult(
+        entity_id=entity.entity_id,
+        status=entity.status,
+        match_kind=kind,
+        created=created,
+        possibly_same_as=linked,
+        candidates=candidates,
+        name=entity.name,
+        matched_name=matched,
+        entity_type=entity.entity_type,
+        display_form=m.display,
+    )
+
+
+def _nothing(kind: MatchKind, candidates: tuple[str, ...], matched: str,
+             m: Mention) -> ResolveResult:
+    return ResolveResult("", None, kind, False, (), candidates, "", matched, m.entity_type,
+                         m.display)
+
+
+def _batch_hash(context_id: str, mentions: Sequence[tuple[str, str]]) -> str:
+    payload = json.dumps([context_id, [list(m) for m in mentions]], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _encode_results(results: Sequence[ResolveResult | ItemError]) -> str:
+    out = []
+    for r in results:
+        if isinstance(r, ItemError):
+            out.append({"error": dataclasses.asdict(r)})
+        else:
+            d = dataclasses.asdict(r)
+            d["status"] = r.status.value if r.status else None
+            d["match_kind"] = r.match_kind.value
+            out.append({"resolved": d})
+    return json.dumps(out, ensure_ascii=False)
+
+
+def _decode_results(raw: str) -> list[ResolveResult | ItemError]:
+    out: list[ResolveResult | ItemError] = []
+    for item in json.loads(raw):
+        if "error" in item:
+            out.append(ItemError(**item["error"]))
+            continue
+        d = item["resolved"]
+        d["status"] = Status(d["status"]) if d["status"] else None
+        d["match_kind"] = MatchKind(d["match_kind"])
+        d["possibly_same_as"] = tuple(d["possibly_same_as"])
+        d["candidates"] = tuple(d["candidates"])
+        out.append(ResolveResult(**d))
+    return out
+
+
+def _decode_token(token: str) -> tuple[int, str, str] | None:
+    if not token:
+        return None
+    try:
+        seq, a, b = json.loads(token)
+        return int(seq), str(a), str(b)
+    except (ValueError, TypeError) as e:
+        raise InvalidArgument("page_token is not one this server returned") from e

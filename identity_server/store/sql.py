@@ -1,0 +1,456 @@
+"""All identity-store I/O: SQLite by default, PostgreSQL by URL, both through SQLAlchemy 2 Core.
+
+Writers are serialised by the database itself: SQLite's `BEGIN IMMEDIATE` (with WAL and a busy
+timeout) or PostgreSQL's transaction-scoped advisory lock. Inside that lock the service first
+catches up with the change feed, so every decision is made on the latest committed state; this is
+what makes concurrent calls from many server processes equal some one-at-a-time order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, create_engine, event, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from identity_server.domain import Entity, Name, NameKind, Status
+from identity_server.errors import StoreUnavailable
+from identity_server.store import schema as t
+
+logger = logging.getLogger(__name__)
+
+_PG_LOCK_KEY = 0x1D_E7_17  # the advisory lock that serialises identity writes
+RETIRED = "retired"
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRecord:
+    """One event of the change feed."""
+
+    seq: int
+    kind: str
+    entity_id: str
+    other_id: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+    recorded_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NameRow:
+    display: str
+    kind: str  # a NameKind value or "retired"
+    position: int
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRow:
+    a: str
+    b: str
+    state: str
+    created_seq: int
+
+
+def ordered_pair(x: str, y: str) -> tuple[str, str]:
+    return (x, y) if x < y else (y, x)
+
+
+class SqlStore:
+    """Owns the engine; hands out read and locked write transactions."""
+
+    def __init__(self, url: str, *, busy_timeout_s: float = 60.0) -> None:
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        try:
+            if self.is_sqlite:
+                self.engine: Engine = create_engine(
+                    url,
+                    connect_args={"timeout": busy_timeout_s, "check_same_thread": False},
+                )
+                _configure_sqlite(self.engine)
+            else:
+                self.engine = create_engine(url, pool_pre_ping=True, pool_size=8)
+            t.metadata.create_all(self.engine)
+        except SQLAlchemyError as e:
+            raise StoreUnavailable(f"cannot open the identity store at {_safe(url)}: {e}") from e
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def write(self) -> Iterator[Tx]:
+        """A transaction holding the store-wide write lock; commits when the block succeeds."""
+        with self._transaction(write=True) as tx:
+            yield tx
+
+    @contextmanager
+    def read(self) -> Iterator[Tx]:
+        with self._transaction(write=False) as tx:
+            yield tx
+
+    @contextmanager
+    def _transaction(self, *, write: bool) -> Iterator[Tx]:
+        try:
+            with self.engine.connect() as conn:
+                conn.info["write"] = write
+                with conn.begin():
+                    if write and not self.is_sqlite:
+                        conn.execute(select(func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
+                    yield Tx(conn, self.is_sqlite)
+        except DBAPIError as e:
+            if e.connection_invalidated or isinstance(e.orig, _operational_errors()):
+                raise StoreUnavailable(f"identity store error: {e.orig}") from e
+            raise
+
+
+def _operational_errors() -> tuple[type[BaseException], ...]:
+    import sqlite3
+
+    errors: list[type[BaseException]] = [sqlite3.OperationalError]
+    try:
+        import psycopg
+
+        errors.append(psycopg.OperationalError)
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        pass
+    return tuple(errors)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL, a busy timeout, and transactions we begin ourselves (IMMEDIATE for writers)."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # let the "begin" hook below issue BEGIN
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("write") else "BEGIN")
+
+
+def _safe(url: str) -> str:
+    """The URL without a password, for messages."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+class Tx:
+    """One transaction's operations. Every method is a small statement or two."""
+
+    def __init__(self, conn: Connection, is_sqlite: bool) -> None:
+        self.conn = conn
+        self._insert = sqlite.insert if is_sqlite else postgresql.insert
+
+    # -- entities ------------------------------------------------------------------------------
+
+    def load_entities(self, ids: Iterable[str]) -> dict[str, Entity]:
+        wanted = list(set(ids))
+        out: dict[str, Entity] = {}
+        for chunk in _chunks(wanted, 500):
+            rows = self.conn.execute(select(t.entities).where(t.entities.c.entity_id.in_(chunk)))
+            entity_rows = {r.entity_id: r for r in rows}
+            names: dict[str, list[Name]] = {eid: [] for eid in entity_rows}
+            name_rows = self.conn.execute(
+                select(t.names.c.entity_id, t.names.c.display, t.names.c.kind, t.names.c.position)
+                .where(t.names.c.entity_id.in_(chunk))
+                .where(t.names.c.kind != RETIRED)
+            )
+            for nr in name_rows:
+                names[nr.entity_id].append(Name(nr.display, NameKind(nr.kind), nr.position))
+            for eid, r in entity_rows.items():
+                out[eid] = _entity(r, names[eid])
+        return out
+
+    def iter_all_entities(self, batch: int = 20_000) -> Iterator[Entity]:
+        """Every entity with its names, streamed in entity-id order (for start-up)."""
+        ent_rows = self.conn.execution_options(stream_results=True, yield_per=batch).execute(
+            select(t.entities).order_by(t.entities.c.entity_id)
+        )
+        name_conn = self.conn  # same transaction: a consistent snapshot
+        name_rows = iter(
+            name_conn.execution_options(stream_results=True, yield_per=batch).execute(
+                select(t.names.c.entity_id, t.names.c.display, t.names.c.kind, t.names.c.position)
+                .where(t.names.c.kind != RETIRED)
+                .order_by(t.names.c.entity_id)
+            )
+        )
+        pending = next(name_rows, None)
+        for r in ent_rows:
+            found: list[Name] = []
+            while pending is not None and pending.entity_id < r.entity_id:
+                pending = next(name_rows, None)
+            while pending is not None and pending.entity_id == r.entity_id:
+                found.append(Name(pending.display, NameKind(pending.kind), pending.position))
+                pending = next(name_rows, None)
+            yield _entity(r, found)
+
+    def insert_entity(self, entity: Entity, *, now: float) -> None:
+        self.conn.execute(
+            t.entities.insert().values(
+                entity_id=entity.entity_id,
+                ordinal=entity.ordinal,
+                entity_type=entity.entity_type,
+                status=entity.status.value,
+                placeholder=entity.placeholder,
+                redirect_to=entity.redirect_to,
+                created_at=now,
+            )
+        )
+
+    def update_entity(self, entity_id: str, **values: Any) -> None:
+        values = {k: (v.value if isinstance(v, Status) else v) for k, v in values.items()}
+        self.conn.execute(
+            update(t.entities).where(t.entities.c.entity_id == entity_id).values(**values)
+        )
+
+    def compress_redirects(self, source: str, target: str) -> list[str]:
+        """Point everything that redirected to source at target; returns those ids."""
+        ids = list(
+            self.conn.scalars(
+                select(t.entities.c.entity_id).where(t.entities.c.redirect_to == source)
+            )
+        )
+        if ids:
+            self.conn.execute(
+                update(t.entities).where(t.entities.c.redirect_to == source).values(redirect_to=target)
+            )
+        return ids
+
+    def merged_into(self, entity_id: str) -> list[str]:
+        return list(
+            self.conn.scalars(
+                select(t.entities.c.entity_id).where(t.entities.c.redirect_to == entity_id)
+            )
+        )
+
+    def max_ordinal(self) -> int:
+        return int(self.conn.scalar(select(func.coalesce(func.max(t.entities.c.ordinal), 0))))
+
+    def entity_count(self) -> int:
+        return int(self.conn.scalar(select(func.count()).select_from(t.entities)))
+
+    # -- names ---------------------------------------------------------------------------------
+
+    def name_rows(self, entity_id: str) -> list[NameRow]:
+        rows = self.conn.execute(
+            select(t.names.c.display, t.names.c.kind, t.names.c.position, t.names.c.source)
+            .where(t.names.c.entity_id == entity_id)
+            .order_by(t.names.c.position)
+        )
+        return [NameRow(r.display, r.kind, r.position, r.source) for r in rows]
+
+    def put_names(self, entity_id: str, rows: Sequence[NameRow]) -> None:
+        """Insert or overwrite (kind, position, source) of the given names of one entity."""
+        if not rows:
+            return
+        stmt = self._insert(t.names).values(
+            [
+                {
+                    "entity_id": entity_id,
+                    "display": r.display,
+                    "kind": r.kind,
+                    "position": r.position,
+                    "source": r.source,
+                }
+                for r in rows
+            ]
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["entity_id", "display"],
+            set_={"kind": stmt.excluded.kind, "position": stmt.excluded.position,
+                  "source": stmt.excluded.source},
+        )
+        self.conn.execute(stmt)
+
+    def move_names(self, source: str, target: str, rows: Sequence[NameRow]) -> None:
+        """Re-home a merged source's names on its target; rows carry the target's new kinds.
+
+        The source's own rows stay, marked retired: nothing is deleted, and a merged entity has
+        no names of its own.
+        """
+        self.conn.execute(
+            update(t.names).where(t.names.c.entity_id == source).values(kind=RETIRED)
+        )
+        self.put_names(target, rows)
+
+    # -- placeholders --------------------------------------------------------------------------
+
+    def placeholder(self, display: str, entity_type: str) -> str | None:
+        return self.conn.scalar(
+            select(t.placeholders.c.entity_id).where(
+                t.placeholders.c.display == display, t.placeholders.c.entity_type == entity_type
+            )
+        )
+
+    def insert_placeholder(self, display: str, entity_type: str, entity_id: str) -> None:
+        self.conn.execute(
+            t.placeholders.insert().values(
+                display=display, entity_type=entity_type, entity_id=entity_id
+            )
+        )
+
+    # -- links ---------------------------------------------------------------------------------
+
+    def link(self, x: str, y: str) -> LinkRow | None:
+        a, b = ordered_pair(x, y)
+        r = self.conn.execute(
+            select(t.links).where(t.links.c.a == a, t.links.c.b == b)
+        ).first()
+        return LinkRow(r.a, r.b, r.state, r.created_seq) if r is not None else None
+
+    def put_link(self, x: str, y: str, state: str, seq: int, *, actor: str | None = None,
+                 reason: str | None = None, now: float | None = None) -> None:
+        a, b = ordered_pair(x, y)
+        stmt = self._insert(t.links).values(
+            a=a, b=b, state=state, created_seq=seq, actor=actor, reason=reason, decided_at=now
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["a", "b"],
+            set_={"state": state, "actor": actor, "reason": reason, "decided_at": now},
+        )
+        self.conn.execute(stmt)
+
+    def set_link_state(self, x: str, y: str, state: str) -> None:
+        a, b = ordered_pair(x, y)
+        self.conn.execute(
+            update(t.links).where(t.links.c.a == a, t.links.c.b == b).values(state=state)
+        )
+
+    def links_of(self, entity_id: str) -> list[LinkRow]:
+        """Open and distinct links touching one entity."""
+        rows = self.conn.execute(
+            select(t.links).where(
+                or_(t.links.c.a == entity_id, t.links.c.b == entity_id),
+                t.links.c.state.in_(("open", "distinct")),
+            )
+        )
+        return [LinkRow(r.a, r.b, r.state, r.created_seq) for r in rows]
+
+    def open_links(self, *, entity_id: str | None, after: tuple[int, str, str] | None,
+                   limit: int) -> list[LinkRow]:
+        q = select(t.links).where(t.links.c.state == "open")
+        if entity_id:
+            q = q.where(or_(t.links.c.a == entity_id, t.links.c.b == entity_id))
+        if after is not None:
+            seq, a, b = after
+            q = q.where(
+                or_(
+                    t.links.c.created_seq > seq,
+                    and_(t.links.c.created_seq == seq, t.links.c.a > a),
+                    and_(t.links.c.created_seq == seq, t.links.c.a == a, t.links.c.b > b),
+                )
+            )
+        q = q.order_by(t.links.c.created_seq, t.links.c.a, t.links.c.b).limit(limit)
+        return [LinkRow(r.a, r.b, r.state, r.created_seq) for r in self.conn.execute(q)]
+
+    # -- evidence ------------------------------------------------------------------------------
+
+    def add_evidence(self, entity_id: str, context_id: str, surface: str, raw_type: str) -> None:
+        stmt = self._insert(t.evidence).values(
+            entity_id=entity_id, context_id=context_id, surface=surface, raw_type=raw_type, count=1
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["entity_id", "context_id", "surface", "raw_type"],
+            set_={"count": t.evidence.c.count + 1},
+        )
+        self.conn.execute(stmt)
+
+    def evidence_summary(self, entity_ids: Sequence[str]) -> tuple[int, int]:
+        """(resolves recorded, distinct contexts) over the given entities together."""
+        r = self.conn.execute(
+            select(
+                func.coalesce(func.sum(t.evidence.c.count), 0),
+                func.count(func.distinct(t.evidence.c.context_id)),
+            ).where(t.evidence.c.entity_id.in_(list(entity_ids)))
+        ).one()
+        return int(r[0]), int(r[1])
+
+    # -- change feed ---------------------------------------------------------------------------
+
+    def max_seq(self) -> int:
+        return int(self.conn.scalar(select(func.coalesce(func.max(t.changes.c.seq), 0))))
+
+    def changes_after(self, seq: int, limit: int | None = None) -> list[ChangeRecord]:
+        q = select(t.changes).where(t.changes.c.seq > seq).order_by(t.changes.c.seq)
+        if limit:
+            q = q.limit(limit)
+        return [
+            ChangeRecord(r.seq, r.kind, r.entity_id, r.other_id, json.loads(r.detail),
+                         r.recorded_at)
+            for r in self.conn.execute(q)
+        ]
+
+    def append_changes(self, records: Sequence[ChangeRecord]) -> None:
+        if records:
+            self.conn.execute(
+                t.changes.insert(),
+                [
+                    {
+                        "seq": c.seq,
+                        "kind": c.kind,
+                        "entity_id": c.entity_id,
+                        "other_id": c.other_id,
+                        "detail": json.dumps(c.detail, ensure_ascii=False, sort_keys=True),
+                        "recorded_at": c.recorded_at,
+                    }
+                    for c in records
+                ],
+            )
+
+    # -- idempotent batch replies ----------------------------------------------------------------
+
+    def batch_reply(self, request_hash: str, *, not_before: float) -> str | None:
+        return self.conn.scalar(
+            select(t.batch_replies.c.reply).where(
+                t.batch_replies.c.request_hash == request_hash,
+                t.batch_replies.c.created_at >= not_before,
+            )
+        )
+
+    def put_batch_reply(self, request_hash: str, reply: str, *, now: float) -> None:
+        stmt = self._insert(t.batch_replies).values(
+            request_hash=request_hash, reply=reply, created_at=now
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["request_hash"], set_={"reply": reply, "created_at": now}
+        )
+        self.conn.execute(stmt)
+
+    def purge_batch_replies(self, *, before: float) -> None:
+        self.conn.execute(t.batch_replies.delete().where(t.batch_replies.c.created_at < before))
+
+
+def _entity(r: Any, found: list[Name]) -> Entity:
+    status = Status(r.status)
+    return Entity(
+        entity_id=r.entity_id,
+        entity_type=r.entity_type,
+        status=status,
+        ordinal=r.ordinal,
+        placeholder=bool(r.placeholder),
+        redirect_to=r.redirect_to,
+        names=() if status is Status.MERGED else tuple(found),
+    )
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def now() -> float:
+    return time.time()

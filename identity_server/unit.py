@@ -1,0 +1,277 @@
+"""One write transaction's work: changes to the store, the index and the change feed together.
+
+A Unit is handed to use-case code by `IdentityService._write`, which holds the store's write lock,
+has already caught the index up with the feed, and commits (or rolls back and reloads) afterwards.
+Every mutation goes through a method here so that the database rows, the in-memory index and the
+feed event are always produced by the same step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from identity_server.domain import (
+    Entity,
+    Name,
+    NameKind,
+    Status,
+    provisional_id,
+    types_compatible,
+)
+from identity_server.errors import FailedPrecondition
+from identity_server.index import NameIndex
+from identity_server.store.sql import RETIRED, ChangeRecord, NameRow, Tx
+
+# Change-feed kinds (SPEC section 3).
+CREATED = "created"
+SURFACE_FORM_ADDED = "surface_form_added"
+ALIAS_ADDED = "alias_added"
+TYPE_UPGRADED = "type_upgraded"
+PROMOTED = "promoted"
+MERGED = "merged"
+LINK_ADDED = "link_added"
+LINK_SETTLED = "link_settled"
+IMPORTED = "imported"
+
+OPEN, DISTINCT, SAME, MOVED = "open", "distinct", "same", "moved"
+
+
+class Unit:
+    """The store transaction, the index and the changes made so far in this transaction."""
+
+    def __init__(self, tx: Tx, index: NameIndex, seq: int) -> None:
+        self.tx = tx
+        self.index = index
+        self.seq = seq
+        self.now = time.time()
+        self.changes: list[ChangeRecord] = []
+        self.touched: set[str] = set()
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def emit(self, kind: str, entity_id: str, other_id: str = "", **detail: Any) -> int:
+        self.seq += 1
+        self.changes.append(ChangeRecord(self.seq, kind, entity_id, other_id, detail, self.now))
+        return self.seq
+
+    def put(self, entity: Entity) -> None:
+        self.index.put(entity)
+        self.touched.add(entity.entity_id)
+
+    # -- entities and names --------------------------------------------------------------------
+
+    def create_provisional(self, display: str, entity_type: str, *, placeholder: bool) -> Entity:
+        ordinal = max(self.index.max_ordinal, 0) + 1
+        entity = Entity(
+            entity_id=provisional_id(ordinal),
+            entity_type=entity_type,
+            status=Status.PROVISIONAL,
+            ordinal=ordinal,
+            placeholder=placeholder,
+            names=(Name(display, NameKind.NAME, 0),),
+        )
+        self.tx.insert_entity(entity, now=self.now)
+        self.tx.put_names(entity.entity_id, [NameRow(display, NameKind.NAME.value, 0, "")])
+        self.emit(CREATED, entity.entity_id, name=display, entity_type=entity_type,
+                  placeholder=placeholder)
+        self.put(entity)
+        return entity
+
+    def create_canonical(self, entity_id: str, name: str, entity_type: str,
+                         aliases: list[str]) -> Entity:
+        ordinal = max(self.index.max_ordinal, 0) + 1
+        rows = [NameRow(name, NameKind.NAME.value, 0, "authority")]
+        rows += [
+            NameRow(a, NameKind.ALIAS.value, i + 1, "authority")
+            for i, a in enumerate(_unique(aliases, exclude=name))
+        ]
+        entity = Entity(entity_id, entity_type, Status.CANONICAL, ordinal, names=_names(rows))
+        self.tx.insert_entity(entity, now=self.now)
+        self.tx.put_names(entity_id, rows)
+        self.emit(IMPORTED, entity_id, name=name, entity_type=entity_type, aliases=aliases,
+                  created=True)
+        self.put(entity)
+        return entity
+
+    def reimport_canonical(self, entity: Entity, name: str, entity_type: str,
+                           aliases: list[str]) -> Entity:
+        """Replace what the authority said; the previous name stays as an alias, and aliases
+        added by curators or merges, and surface forms, stay."""
+        rows = {r.display: r for r in self.tx.name_rows(entity.entity_id)}
+        position = max((r.position for r in rows.values()), default=0) + 1
+        changed: dict[str, NameRow] = {}
+        new_aliases = _unique(aliases, exclude=name)
+
+        def assign(display: str, kind: NameKind, source: str) -> None:
+            nonlocal position
+            old = rows.get(display)
+            if old is not None and old.kind == kind.value and old.source == source:
+                return
+            keep = old is not None and old.kind != RETIRED
+            changed[display] = NameRow(display, kind.value, old.position if keep and old else position, source)
+            if not keep:
+                position += 1
+
+        for r in rows.values():
+            if r.kind == NameKind.NAME.value and r.display != name:
+                assign(r.display, NameKind.ALIAS, "previous_name")
+            elif (r.kind == NameKind.ALIAS.value and r.source == "authority"
+                  and r.display not in new_aliases and r.display != name):
+                changed[r.display] = dataclasses.replace(r, kind=RETIRED)
+        assign(name, NameKind.NAME, "authority")
+        for a in new_aliases:
+            assign(a, NameKind.ALIAS, "authority")
+        self.tx.put_names(entity.entity_id, list(changed.values()))
+        if entity_type != entity.entity_type:
+            self.tx.update_entity(entity.entity_id, entity_type=entity_type)
+        final = {**rows, **changed}
+        updated = dataclasses.replace(
+            entity, entity_type=entity_type,
+            names=_names(r for r in final.values() if r.kind != RETIRED),
+        )
+        self.emit(IMPORTED, entity.entity_id, name=name, entity_type=entity_type,
+                  aliases=aliases, created=False)
+        self.put(updated)
+        return updated
+
+    def add_name(self, entity: Entity, display: str, kind: NameKind, source: str = "") -> Entity:
+        """Record display as a surface form or alias (an existing surface form becomes an alias)."""
+        existing = next((n for n in entity.names if n.display == display), None)
+        if existing is not None:
+            if not (existing.kind is NameKind.SURFACE and kind is NameKind.ALIAS):
+                return entity
+            position = existing.position
+            names = tuple(n for n in entity.names if n is not existing)
+        else:
+            position = self._next_position(entity)
+            names = entity.names
+        self.tx.put_names(entity.entity_id, [NameRow(display, kind.value, position, source)])
+        updated = dataclasses.replace(entity, names=names + (Name(display, kind, position),))
+        change = ALIAS_ADDED if kind is NameKind.ALIAS else SURFACE_FORM_ADDED
+        field = "alias" if kind is NameKind.ALIAS else "surface_form"
+        self.emit(change, entity.entity_id, **{field: display})
+        self.put(updated)
+        return updated
+
+    @staticmethod
+    def _next_position(entity: Entity) -> int:
+        """Positions order one entity's names within a kind; only live names need distinct ones."""
+        return max((n.position for n in entity.names), default=0) + 1
+
+    def upgrade_type(self, entity: Entity, entity_type: str) -> Entity:
+        self.tx.update_entity(entity.entity_id, entity_type=entity_type)
+        updated = dataclasses.replace(entity, entity_type=entity_type)
+        self.emit(TYPE_UPGRADED, entity.entity_id, old_type=entity.entity_type,
+                  entity_type=entity_type)
+        self.put(updated)
+        return updated
+
+    def promote(self, entity: Entity, *, reason: str) -> Entity:
+        if entity.status is Status.CANONICAL:
+            return entity
+        self.tx.update_entity(entity.entity_id, status=Status.CANONICAL)
+        updated = dataclasses.replace(entity, status=Status.CANONICAL)
+        self.emit(PROMOTED, entity.entity_id, reason=reason)
+        self.put(updated)
+        return updated
+
+    # -- links -----------------------------------------------------------------------------------
+
+    def link(self, x: str, y: str) -> bool:
+        """Link two live entities `possibly_same_as`; False when a curator settled the pair."""
+        if x == y:
+            return False
+        row = self.tx.link(x, y)
+        if row is None:
+            seq = self.emit(LINK_ADDED, x, y)
+            self.tx.put_link(x, y, OPEN, seq)
+            return True
+        return row.state == OPEN
+
+    def is_distinct(self, x: str, y: str) -> bool:
+        row = self.tx.link(x, y)
+        return row is not None and row.state == DISTINCT
+
+    # -- merge -----------------------------------------------------------------------------------
+
+    def check_mergeable(self, source: Entity, target: Entity) -> None:
+        if source.entity_id == target.entity_id:
+            raise FailedPrecondition(f"cannot merge {source.entity_id} into itself")
+        if not types_compatible(source.entity_type, target.entity_type):
+            raise FailedPrecondition(
+                f"cannot merge {source.entity_id} ({source.entity_type}) into "
+                f"{target.entity_id} ({target.entity_type}): incompatible types"
+            )
+        if source.status is Status.CANONICAL and target.status is Status.PROVISIONAL:
+            raise FailedPrecondition(
+                f"cannot merge canonical {source.entity_id} into provisional {target.entity_id}; "
+                "merge the other way, or promote the target first"
+            )
+        if self.is_distinct(source.entity_id, target.entity_id):
+            raise FailedPrecondition(
+                f"a curator settled {source.entity_id} and {target.entity_id} as distinct"
+            )
+
+    def merge(self, source: Entity, target: Entity, *, reason: str) -> Entity:
+        """Merge live source into live target (checked by the caller with check_mergeable)."""
+        s_id, t_id = source.entity_id, target.entity_id
+        t_rows = {r.display: r for r in self.tx.name_rows(t_id)}
+        position = max((r.position for r in t_rows.values()), default=0) + 1
+        moved: list[NameRow] = []
+        for n in source.names:  # name, aliases, surface forms, in recorded order
+            becomes_alias = n.kind is NameKind.ALIAS or (
+                n.kind is NameKind.NAME and source.status is Status.CANONICAL
+            )
+            kind = NameKind.ALIAS if becomes_alias else NameKind.SURFACE
+            old = t_rows.get(n.display)
+            if old is not None and old.kind != RETIRED:
+                if old.kind == NameKind.SURFACE.value and kind is NameKind.ALIAS:
+                    moved.append(NameRow(n.display, kind.value, old.position, "merge"))
+                continue
+            moved.append(NameRow(n.display, kind.value, position, "merge"))
+            position += 1
+        self.tx.move_names(s_id, t_id, moved)
+        self.tx.update_entity(s_id, status=Status.MERGED, redirect_to=t_id)
+        redirected = self.tx.compress_redirects(s_id, t_id)
+
+        for row in self.tx.links_of(s_id):
+            other = row.b if row.a == s_id else row.a
+            self.tx.set_link_state(s_id, other, SAME if other == t_id else MOVED)
+            if other == t_id:
+                continue
+            existing = self.tx.link(t_id, other)
+            if existing is None:
+                self.tx.put_link(t_id, other, row.state, self.seq + 1)
+            elif row.state == DISTINCT and existing.state != DISTINCT:
+                self.tx.set_link_state(t_id, other, DISTINCT)
+
+        merged_names = {r.display: r for r in moved}
+        kept = tuple(n for n in target.names if n.display not in merged_names)
+        updated_target = dataclasses.replace(
+            target, names=kept + _names(merged_names.values())
+        )
+        self.emit(MERGED, s_id, t_id, reason=reason, redirected=redirected,
+                  names=[r.display for r in moved])
+        self.put(dataclasses.replace(source, status=Status.MERGED, redirect_to=t_id, names=()))
+        self.put(updated_target)
+        for eid in redirected:
+            e = self.index.get(eid)
+            if e is not None:
+                self.put(dataclasses.replace(e, redirect_to=t_id))
+        return updated_target
+
+
+def _names(rows: Any) -> tuple[Name, ...]:
+    return tuple(Name(r.display, NameKind(r.kind), r.position) for r in rows)
+
+
+def _unique(items: list[str], *, exclude: str) -> list[str]:
+    seen = {exclude}
+    out = []
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            out.append(item)
+    return out
