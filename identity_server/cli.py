@@ -1,0 +1,140 @@
+"""`identity-server`: serve, import an authority file, or resolve a mention from a terminal.
+
+Settings come from flags, then `IDENTITY_*` environment variables, then defaults (settings.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from identity_server.errors import IdentityError
+from identity_server.settings import Settings
+
+logger = logging.getLogger("identity_server")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        code: int = args.run(args)
+        return code
+    except IdentityError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except grpc.RpcError as e:
+        print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="identity-server", description=__doc__)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the gRPC server until SIGTERM or Ctrl-C")
+    serve.add_argument("--db", dest="db_url", help="store URL (default sqlite:///identity.sqlite)")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 50051; 0 picks a free one)")
+    serve.add_argument("--admin-token", help="bearer token that admin RPCs must present")
+    serve.add_argument("--strict-types", action="store_true", default=None,
+                       help="refuse unknown mention types instead of reading them as other")
+    serve.add_argument("--promote-after", dest="promote_after_papers", type=int,
+                       help="auto-promote provisional entities seen in this many papers")
+    serve.add_argument("--tls-cert", help="PEM certificate (with --tls-key: serve TLS)")
+    serve.add_argument("--tls-key", help="PEM private key")
+    serve.set_defaults(run=_serve)
+
+    imp = sub.add_parser("import", help="import an authority file (JSON Lines or CSV) into a store")
+    imp.add_argument("file", type=Path)
+    imp.add_argument("--db", dest="db_url", help="store URL (default sqlite:///identity.sqlite)")
+    imp.add_argument("--format", choices=["jsonl", "csv"], help="default: guessed from line 1")
+    imp.set_defaults(run=_import)
+
+    res = sub.add_parser("resolve", help="resolve one mention through a running server")
+    res.add_argument("mention")
+    res.add_argument("--type", dest="entity_type", default="other")
+    res.add_argument("--server", default="127.0.0.1:50051", help="host:port of the server")
+    res.add_argument("--context", default="", help="paper id to record evidence under")
+    res.add_argument("--lookup-only", action="store_true", help="look, never write")
+    res.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds")
+    res.set_defaults(run=_resolve)
+    return p
+
+
+def _settings(args: argparse.Namespace, *fields: str) -> Settings:
+    given: dict[str, Any] = {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
+    return Settings(**given)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from identity_server.server import serve_until_signalled, start_server
+
+    settings = _settings(args, "db_url", "host", "port", "admin_token", "strict_types",
+                         "promote_after_papers", "tls_cert", "tls_key")
+    running = start_server(settings)
+    print(f"listening on {settings.host}:{running.port}", flush=True)
+    serve_until_signalled(running, settings.grace_seconds)
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from identity_server.server import build_service
+
+    settings = _settings(args, "db_url")
+    service = build_service(settings)
+    try:
+        with args.file.open(encoding="utf-8-sig", newline="") as f:
+            report = service.import_lines(f, args.format)
+    finally:
+        service.store.close()
+    for e in report.errors:
+        print(f"{args.file}:{e.line}: {e.message}", file=sys.stderr)
+    print(
+        f"imported {report.imported} records ({report.created} new, {report.updated} replaced); "
+        f"merged {report.merged} provisional entities, linked {report.linked}; "
+        f"refused {len(report.errors)} records"
+    )
+    return 0
+
+
+def _resolve(args: argparse.Namespace) -> int:
+    from identity_api.v1 import identity_service_pb2 as pb
+    from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(args.server) as channel:
+        stub = pb_grpc.IdentityServiceStub(channel)
+        reply = stub.Resolve(
+            pb.ResolveRequest(mention=args.mention, entity_type=args.entity_type,
+                              context_id=args.context, lookup_only=args.lookup_only),
+            timeout=args.timeout,
+        )
+    print(f"entity_id:    {reply.entity_id or '(none: lookup only)'}")
+    print(f"status:       {pb.EntityStatus.Name(reply.status)}")
+    print(f"match_kind:   {pb.MatchKind.Name(reply.match_kind)}")
+    print(f"name:         {reply.name}")
+    print(f"type:         {reply.entity_type}")
+    print(f"matched_name: {reply.matched_name}")
+    print(f"created:      {reply.created}")
+    if reply.candidates:
+        print(f"candidates:   {', '.join(reply.candidates)}")
+    if reply.possibly_same_as:
+        print(f"possibly_same_as: {', '.join(reply.possibly_same_as)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

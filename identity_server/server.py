@@ -1,0 +1,120 @@
+"""Building and running the gRPC server: IdentityService, health checking and reflection."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from identity_api.v1 import identity_service_pb2 as pb
+from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+from identity_server.domain import TypeVocabulary
+from identity_server.service import IdentityService, ServiceConfig
+from identity_server.servicer import IdentityServicer
+from identity_server.settings import Settings
+from identity_server.store.sql import SqlStore
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["IdentityService"].full_name
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a full batch of 5,000 mentions of 512 code points fits
+
+# Shared by the server and the benchmarks' echo baseline, so both run the same gRPC stack.
+GRPC_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def build_service(settings: Settings) -> IdentityService:
+    """The use-case layer over the configured store (also used by the CLI's import command)."""
+    store = SqlStore(settings.db_url)
+    config = ServiceConfig(
+        vocabulary=TypeVocabulary.of(settings.types, strict=settings.strict_types),
+        max_mention_length=settings.max_mention_length,
+        max_batch_size=settings.max_batch_size,
+        promote_after_papers=settings.promote_after_papers,
+        batch_reply_ttl_seconds=settings.batch_reply_ttl_seconds,
+    )
+    return IdentityService(store, config)
+
+
+@dataclass
+class RunningServer:
+    """A started server; `stop` flips health to NOT_SERVING, then drains calls for `grace`."""
+
+    server: grpc.Server
+    port: int
+    health: health.HealthServicer
+    service: IdentityService
+
+    def stop(self, grace: float | None = 5.0) -> None:
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+        self.service.store.close()
+        logger.info("server on port %d stopped", self.port)
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
+
+
+def start_server(settings: Settings, *, service: IdentityService | None = None) -> RunningServer:
+    """Start serving on settings.host:settings.port (0 picks a free port; see .port)."""
+    service = service or build_service(settings)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="rpc"),
+        options=GRPC_OPTIONS,
+    )
+    pb_grpc.add_IdentityServiceServicer_to_server(
+        IdentityServicer(service, admin_token=settings.admin_token), server
+    )
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    address = f"{_host(settings.host)}:{settings.port}"
+    if settings.tls_cert or settings.tls_key:
+        if not (settings.tls_cert and settings.tls_key):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        credentials = grpc.ssl_server_credentials(
+            [(Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes())]
+        )
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    server.start()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    logger.info("identity server listening on %s:%d (store %s)", settings.host, port,
+                service.store.url.split("@")[-1])
+    return RunningServer(server, port, health_servicer, service)
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def serve_until_signalled(running: RunningServer, grace: float) -> None:
+    """Block until SIGTERM or Ctrl-C, then shut down gracefully."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        logger.info("signal %d: shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    running.stop(grace)

@@ -1,0 +1,53 @@
+"""Fixtures shared by the identity-server tests: a service on a real SQLite file, a real server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+from identity_server.server import RunningServer, build_service, start_server
+from identity_server.service import IdentityService
+from identity_server.settings import Settings
+
+ADMIN_TOKEN = "test-admin-token"
+ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return sqlite_url(tmp_path / "identity.sqlite")
+
+
+@pytest.fixture
+def service(db_url: str) -> Iterator[IdentityService]:
+    """The use-case layer on a fresh SQLite file (no gRPC)."""
+    svc = build_service(Settings(db_url=db_url))
+    yield svc
+    svc.store.close()
+
+
+@pytest.fixture
+def server(db_url: str) -> Iterator[RunningServer]:
+    """A real gRPC server on a free loopback port, with an admin token."""
+    running = start_server(Settings(db_url=db_url, port=0, admin_token=ADMIN_TOKEN))
+    yield running
+    running.stop(grace=1.0)
+
+
+@pytest.fixture
+def channel(server: RunningServer) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        yield ch
+
+
+@pytest.fixture
+def stub(channel: grpc.Channel) -> pb_grpc.IdentityServiceStub:
+    return pb_grpc.IdentityServiceStub(channel)
