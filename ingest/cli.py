@@ -1,0 +1,230 @@
+"""The ``ingest`` command line: ``run``, ``sync`` and ``stats``.
+
+The only place that reads settings, configures logging and prints. Without ``--server`` it starts
+an embedded identity server in-process (SQLite in the working directory) - the only place ingest
+imports ``identity_server``, lazily, so the client stays usable without it.
+
+Exit codes: 0 the job ran (even if some items were rejected: see the summary); 1 the job could not
+run (server unreachable for the whole retry budget, database locked, input missing); 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ingest.client import IdentityClient, IdentityError, RetryPolicy
+from ingest.pipeline import JobError, JobOptions, Summary, run_job, sync_redirects
+from ingest.read import InputError, expand_paths
+from ingest.settings import Settings
+from ingest.sink import GraphSink, SinkError
+from ingest.vocabulary import VocabularyError, default_vocabulary, load_vocabulary
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def identity_server_address(settings: Settings) -> Iterator[str]:
+    """The server to talk to: ``--server``, or an embedded one started for this command."""
+    if settings.server:
+        yield settings.server
+        return
+    from identity_server.server import start_server  # lazy: the only import of the server
+    from identity_server.settings import Settings as ServerSettings
+
+    server_settings: dict[str, Any] = {"db_url": settings.embedded_db_url, "port": 0}
+    if settings.admin_token:
+        server_settings["admin_token"] = settings.admin_token
+    running = start_server(ServerSettings(**server_settings))
+    logger.info("embedded identity server on 127.0.0.1:%d (%s)", running.port,
+                settings.embedded_db_url)
+    try:
+        yield f"127.0.0.1:{running.port}"
+    finally:
+        running.stop(grace=1.0)
+
+
+def _client(settings: Settings, address: str) -> IdentityClient:
+    return IdentityClient(
+        address,
+        policy=RetryPolicy(deadline_seconds=settings.deadline_seconds,
+                           budget_seconds=settings.retry_budget_seconds),
+        admin_token=settings.admin_token,
+    )
+
+
+def _progress(settings: Settings, total: int | None) -> tuple[Callable[[int], None], Any]:
+    if not settings.progress:
+        return (lambda n: None), None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="paper", file=sys.stderr, dynamic_ncols=True,
+               disable=None, mininterval=0.25)
+    return bar.update, bar
+
+
+def _count_lines(paths: Sequence[str]) -> int | None:
+    """A cheap total for the progress bar (newline count); None for huge inputs."""
+    files = expand_paths(paths)
+    if sum(f.stat().st_size for f in files) > 2 * 1024**3:
+        return None
+    total = 0
+    for f in files:
+        with f.open("rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                total += block.count(b"\n")
+    return total
+
+
+def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
+    assert settings.db is not None
+    vocabulary = (load_vocabulary(settings.vocabulary_file) if settings.vocabulary_file
+                  else default_vocabulary())
+    options = JobOptions(concurrency=settings.concurrency, limits=settings.limits(),
+                         vocabulary=vocabulary, group_papers=settings.group_papers)
+    total = _count_lines(paths)
+    with GraphSink(settings.db) as sink, identity_server_address(settings) as address, \
+            _client(settings, address) as client:
+        update, bar = _progress(settings, total)
+        try:
+            summary = run_job(paths, sink=sink, resolver=client, options=options,
+                              progress=update)
+        finally:
+            if bar is not None:
+                bar.close()
+        synced = sync_redirects(client, sink)
+    _print_summary(summary, client.retries, synced.merges)
+    return 0
+
+
+def _print_summary(summary: Summary, retries: int, merges: int) -> None:
+    lines = summary.lines()
+    if retries:
+        lines.append(f"retried calls:     {retries}")
+    if merges:
+        lines.append(f"new redirects:     {merges}")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def cmd_sync(settings: Settings) -> int:
+    assert settings.db is not None
+    with GraphSink(settings.db) as sink, identity_server_address(settings) as address, \
+            _client(settings, address) as client:
+        result = sync_redirects(client, sink)
+    sys.stdout.write(f"changes read: {result.changes} (up to sequence {result.last_sequence})\n"
+                     f"new merges:   {result.merges}\nopen links:   {result.links}\n")
+    return 0
+
+
+def cmd_stats(settings: Settings, top: int) -> int:
+    assert settings.db is not None
+    if not settings.db.exists():
+        raise SinkError(f"graph database {settings.db} does not exist")
+    with GraphSink(settings.db) as sink:
+        one = lambda sql: sink.query(sql)[0][0]  # noqa: E731
+        out = [
+            f"papers:          {one('SELECT count(*) FROM papers WHERE is_current')} "
+            f"({one('SELECT count(*) FROM papers')} revisions)",
+            f"mentions:        {one('SELECT count(*) FROM mentions WHERE is_current')}",
+            f"relationships:   {one('SELECT count(*) FROM relationships WHERE valid_to IS NULL')}"
+            f" open, {one('SELECT count(*) FROM relationships WHERE valid_to IS NOT NULL')}"
+            " closed",
+            f"entities:        {one('SELECT count(*) FROM entities')}",
+            f"rejects:         {one('SELECT count(*) FROM rejects')}",
+            f"redirects:       {one('SELECT count(*) FROM redirects')} "
+            f"(feed synced to {sink.last_sequence()})",
+            f"possibly_same_as: {one('SELECT count(*) FROM possibly_same_as')} open links",
+            "",
+            f"top {top} entities (by papers):",
+        ]
+        for eid, name, etype, papers, mentions in sink.query(
+                "SELECT entity_id, name, entity_type, paper_count, mention_count FROM entities "
+                "ORDER BY paper_count DESC, mention_count DESC, entity_id LIMIT ?", [top]):
+            out.append(f"  {papers:6d} papers {mentions:6d} mentions  {name} [{etype}] {eid}")
+        out.append("")
+        out.append("predicates:")
+        for predicate, n in sink.query(
+                "SELECT predicate, count(*) FROM relationships WHERE valid_to IS NULL "
+                "GROUP BY predicate ORDER BY count(*) DESC, predicate"):
+            out.append(f"  {n:8d}  {predicate}")
+        links = sink.query(
+            "SELECT l.entity_id, a.name, l.other_id, b.name FROM possibly_same_as l "
+            "LEFT JOIN entities a ON a.entity_id = l.entity_id "
+            "LEFT JOIN entities b ON b.entity_id = l.other_id ORDER BY l.sequence LIMIT ?", [top])
+        if links:
+            out.append("")
+            out.append("open possibly_same_as links (run `ingest sync` to refresh):")
+            for a, an, b, bn in links:
+                out.append(f"  {an or '?'} ({a})  ~  {bn or '?'} ({b})")
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ingest",
+        description="Ingest papers' extraction output into a DuckDB graph of resolved ids.")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--db", type=Path, help="DuckDB graph file (env INGEST_DB)")
+        p.add_argument("--server", help="identity server host:port (default: embedded)")
+        p.add_argument("--identity-db", dest="embedded_db_url",
+                       help="store URL of the embedded server (default sqlite:///identity.sqlite)")
+
+    run = sub.add_parser("run", help="ingest JSON Lines files or directories")
+    run.add_argument("paths", nargs="+", metavar="PATHS")
+    common(run)
+    run.add_argument("--concurrency", type=int,
+                     help="papers in flight (1: file order, reproducible)")
+    run.add_argument("--vocabulary", dest="vocabulary_file", type=Path,
+                     help="predicate vocabulary file (.toml or .json)")
+    run.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+
+    sync = sub.add_parser("sync", help="pull merges (redirects) and open links from the server")
+    common(sync)
+
+    stats = sub.add_parser("stats", help="what the graph holds")
+    stats.add_argument("--db", type=Path, help="DuckDB graph file (env INGEST_DB)")
+    stats.add_argument("--top", type=int, default=10)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    overrides = {key: value for key, value in vars(args).items()
+                 if key in Settings.model_fields and value is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValueError as e:
+        parser.error(str(e))
+    if settings.db is None:
+        parser.error("--db is required (or set INGEST_DB)")
+    try:
+        if args.command == "run":
+            return cmd_run(settings, args.paths)
+        if args.command == "sync":
+            return cmd_sync(settings)
+        return cmd_stats(settings, args.top)
+    except (JobError, SinkError, InputError, VocabularyError, IdentityError) as e:
+        logger.debug("job failed", exc_info=True)
+        sys.stderr.write(f"ingest: error: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("ingest: interrupted; rerun the same command to continue\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

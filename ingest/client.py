@@ -1,0 +1,319 @@
+"""The only ingest module that speaks gRPC: deadlines, retries, protobuf -> plain dataclasses.
+
+Every call has a deadline. UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential backoff
+and full jitter until a retry budget (seconds) is spent, so a server restart in the middle of a job
+costs time, not data. Retrying is safe: ResolveBatch with a context is idempotent on the server,
+Merge of an already merged pair is a no-op, and the change feed is resumed from the last sequence
+seen. Nothing protobuf leaves this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from identity_api.v1 import identity_service_pb2 as pb
+from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+_STATUS = {
+    pb.CANONICAL: "canonical",
+    pb.PROVISIONAL: "provisional",
+    pb.MERGED: "merged",
+}
+_KIND = {
+    pb.EXACT: "exact",
+    pb.CASE: "case",
+    pb.PUNCTUATION: "punctuation",
+    pb.ALIAS: "alias",
+    pb.TYPO: "typo",
+    pb.AMBIGUOUS: "ambiguous",
+    pb.NEW: "new",
+}
+_CHANGE = {value: pb.ChangeKind.Name(value).removeprefix("CHANGE_KIND_").lower()
+           for value in pb.ChangeKind.values()}
+
+
+class IdentityError(Exception):
+    """A call to the identity server failed for good (with its gRPC status code name)."""
+
+    def __init__(self, method: str, code: str, message: str) -> None:
+        super().__init__(f"{method} failed: {code}: {message}")
+        self.method = method
+        self.code = code
+        self.message = message
+
+
+class ServerUnavailable(IdentityError):
+    """The server stayed unreachable (or too slow) for the whole retry budget."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What the server decided for one mention."""
+
+    entity_id: str
+    status: str
+    match_kind: str
+    created: bool
+    entity_type: str
+    name: str
+    matched_name: str
+    display_form: str
+    candidates: tuple[str, ...]
+    possibly_same_as: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ItemFailure:
+    """The server refused one mention of a batch."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class EntityInfo:
+    entity_id: str
+    name: str
+    entity_type: str
+    status: str
+    aliases: tuple[str, ...]
+    surface_forms: tuple[str, ...]
+    redirect_to: str
+    placeholder: bool
+    evidence_count: int
+    paper_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    sequence: int
+    kind: str
+    entity_id: str
+    other_id: str
+    detail: str
+    recorded_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    entity_id: str
+    other_id: str
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Deadline per attempt and how long to keep retrying retryable failures."""
+
+    deadline_seconds: float = 10.0
+    budget_seconds: float = 120.0
+    initial_backoff: float = 0.05
+    max_backoff: float = 3.0
+
+
+def _resolution(r: pb.ResolveResponse) -> Resolution:
+    return Resolution(
+        entity_id=r.entity_id,
+        status=_STATUS.get(r.status, ""),
+        match_kind=_KIND.get(r.match_kind, ""),
+        created=r.created,
+        entity_type=r.entity_type,
+        name=r.name,
+        matched_name=r.matched_name,
+        display_form=r.display_form,
+        candidates=tuple(r.candidates),
+        possibly_same_as=tuple(r.possibly_same_as),
+    )
+
+
+def _entity(e: pb.Entity) -> EntityInfo:
+    return EntityInfo(
+        entity_id=e.entity_id,
+        name=e.name,
+        entity_type=e.entity_type,
+        status=_STATUS.get(e.status, ""),
+        aliases=tuple(e.aliases),
+        surface_forms=tuple(e.surface_forms),
+        redirect_to=e.redirect_to,
+        placeholder=e.placeholder,
+        evidence_count=e.evidence_count,
+        paper_count=e.paper_count,
+    )
+
+
+def _code_name(code: int) -> str:
+    for status in grpc.StatusCode:
+        if status.value[0] == code:
+            return str(status.name)
+    return str(code)
+
+
+class IdentityClient:
+    """A blocking client of IdentityService, safe to share between threads."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        policy: RetryPolicy | None = None,
+        admin_token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.target = target
+        self.policy = policy or RetryPolicy()
+        self._admin_token = admin_token
+        self._sleep = sleep
+        options = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                   ("grpc.max_send_message_length", 64 * 1024 * 1024)]
+        self._channel = (
+            grpc.secure_channel(target, credentials, options=options)
+            if credentials is not None
+            else grpc.insecure_channel(target, options=options)
+        )
+        self._stub = pb_grpc.IdentityServiceStub(self._channel)
+        self.retries = 0
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> IdentityClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _metadata(self, admin: bool) -> tuple[tuple[str, str], ...] | None:
+        if admin and self._admin_token:
+            return (("authorization", f"Bearer {self._admin_token}"),)
+        return None
+
+    def _call(self, method: str, fn: Callable[[float], T]) -> T:
+        """Runs ``fn(timeout)`` with retries on UNAVAILABLE / DEADLINE_EXCEEDED."""
+        policy = self.policy
+        give_up_at = time.monotonic() + policy.budget_seconds
+        backoff = policy.initial_backoff
+        attempt = 0
+        while True:
+            attempt += 1
+            started = time.monotonic()
+            try:
+                result = fn(policy.deadline_seconds)
+            except grpc.RpcError as e:
+                code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
+                details = (e.details() if isinstance(e, grpc.Call) else str(e)) or ""
+                if code not in RETRYABLE:
+                    logger.info("rpc=%s status=%s attempt=%d", method, code.name, attempt)
+                    raise IdentityError(method, code.name, details) from e
+                pause = random.uniform(0, backoff)
+                if time.monotonic() + pause > give_up_at:
+                    raise ServerUnavailable(
+                        method, code.name,
+                        f"{details} (gave up after {attempt} attempts in "
+                        f"{policy.budget_seconds:g} s; is the identity server at {self.target} "
+                        "running?)",
+                    ) from e
+                logger.warning("rpc=%s status=%s attempt=%d retry_in=%.3fs",
+                               method, code.name, attempt, pause)
+                self.retries += 1
+                self._sleep(pause)
+                backoff = min(backoff * 2, policy.max_backoff)
+                continue
+            logger.debug("rpc=%s status=OK attempt=%d duration=%.4fs",
+                         method, attempt, time.monotonic() - started)
+            return result
+
+    def resolve(
+        self, mention: str, entity_type: str, *, context_id: str = "", lookup_only: bool = False
+    ) -> Resolution:
+        request = pb.ResolveRequest(mention=mention, entity_type=entity_type,
+                                    context_id=context_id, lookup_only=lookup_only)
+        reply = self._call("Resolve", lambda t: self._stub.Resolve(request, timeout=t))
+        return _resolution(reply)
+
+    def resolve_batch(
+        self, context_id: str, mentions: Sequence[tuple[str, str]], *, lookup_only: bool = False
+    ) -> list[Resolution | ItemFailure]:
+        """Resolves one paper's (text, type) mentions in order; refused items come back as failures."""
+        request = pb.ResolveBatchRequest(
+            context_id=context_id,
+            mentions=[pb.Mention(mention=text, entity_type=etype) for text, etype in mentions],
+            lookup_only=lookup_only,
+        )
+        reply = self._call("ResolveBatch", lambda t: self._stub.ResolveBatch(request, timeout=t))
+        if len(reply.results) != len(mentions):
+            raise IdentityError("ResolveBatch", "INTERNAL",
+                                f"{len(reply.results)} results for {len(mentions)} mentions")
+        out: list[Resolution | ItemFailure] = []
+        for result in reply.results:
+            if result.WhichOneof("outcome") == "resolved":
+                out.append(_resolution(result.resolved))
+            else:
+                out.append(ItemFailure(_code_name(result.error.code), result.error.message))
+        return out
+
+    def get_entity(self, entity_id: str) -> EntityInfo:
+        request = pb.GetEntityRequest(entity_id=entity_id)
+        reply = self._call("GetEntity", lambda t: self._stub.GetEntity(request, timeout=t))
+        return _entity(reply.entity)
+
+    def merge(self, source_id: str, target_id: str) -> EntityInfo:
+        request = pb.MergeRequest(source_id=source_id, target_id=target_id)
+        reply = self._call("Merge", lambda t: self._stub.Merge(
+            request, timeout=t, metadata=self._metadata(admin=True)))
+        return _entity(reply.entity)
+
+    def list_changes(self, after_sequence: int = 0) -> Iterator[ChangeEvent]:
+        """Every change after ``after_sequence`` (no follow); resumes where it broke off."""
+        last = after_sequence
+        give_up_at = time.monotonic() + self.policy.budget_seconds
+        backoff = self.policy.initial_backoff
+        while True:
+            request = pb.ListChangesRequest(after_sequence=last, follow=False)
+            try:
+                for reply in self._stub.ListChanges(request,
+                                                    timeout=self.policy.deadline_seconds * 6):
+                    c = reply.change
+                    last = c.sequence
+                    yield ChangeEvent(c.sequence, _CHANGE.get(c.kind, "unspecified"),
+                                      c.entity_id, c.other_id, c.detail, c.recorded_at)
+                return
+            except grpc.RpcError as e:
+                code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
+                details = (e.details() if isinstance(e, grpc.Call) else str(e)) or ""
+                if code not in RETRYABLE:
+                    raise IdentityError("ListChanges", code.name, details) from e
+                pause = random.uniform(0, backoff)
+                if time.monotonic() + pause > give_up_at:
+                    raise ServerUnavailable("ListChanges", code.name, details) from e
+                logger.warning("rpc=ListChanges status=%s after=%d retry_in=%.3fs",
+                               code.name, last, pause)
+                self._sleep(pause)
+                backoff = min(backoff * 2, self.policy.max_backoff)
+
+    def list_possibly_same_as(self, entity_id: str = "") -> list[Link]:
+        """All open possibly_same_as links (every page)."""
+        links: list[Link] = []
+        token = ""
+        while True:
+            request = pb.ListPossiblySameAsRequest(entity_id=entity_id, page_size=1000,
+                                                   page_token=token)
+            reply = self._call("ListPossiblySameAs",
+                               lambda t, r=request: self._stub.ListPossiblySameAs(r, timeout=t))
+            links.extend(Link(x.entity_id, x.other_id, x.sequence) for x in reply.links)
+            token = reply.next_page_token
+            if not token:
+                return links

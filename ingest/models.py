@@ -1,0 +1,192 @@
+"""Pydantic models of one input line (SPEC section 6), strict: wrong JSON types are rejected.
+
+A confidence given as the string "0.9" or mentions given as an object are errors of the producer,
+and coercing them would hide the bug, so every model is strict. Caps come from the validation
+context (``{"limits": Limits}``) so they stay configurable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size caps on input (all configurable through settings)."""
+
+    max_line_bytes: int = 16 * 1024 * 1024
+    max_mention_chars: int = 512
+    max_quote_bytes: int = 64 * 1024
+    max_id_chars: int = 512
+    max_predicate_chars: int = 256
+    max_mentions: int = 5000
+    max_relationships: int = 20000
+
+
+def _limits(info: ValidationInfo) -> Limits:
+    context = info.context
+    if isinstance(context, dict) and isinstance(context.get("limits"), Limits):
+        return context["limits"]
+    return Limits()
+
+
+_STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+SpanList = Annotated[list[int], Field(min_length=2, max_length=2)]
+
+
+class SpanObject(BaseModel):
+    """A span written as an object: ``{"start": 10, "end": 14}``."""
+
+    model_config = _STRICT
+    start: int
+    end: int
+
+
+class Span(BaseModel):
+    """Character offsets ``[start, end)`` in the paper's text."""
+
+    model_config = _STRICT
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Span:
+        if self.end < self.start:
+            raise ValueError(f"span end {self.end} is before its start {self.start}")
+        return self
+
+
+def to_span(value: list[int] | SpanObject | None) -> Span | None:
+    """Accepts ``[start, end]`` or ``{"start", "end"}``; validates order and sign."""
+    if value is None:
+        return None
+    if isinstance(value, SpanObject):
+        return Span(start=value.start, end=value.end)
+    return Span(start=value[0], end=value[1])
+
+
+def _check_id(value: str, info: ValidationInfo) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    cap = _limits(info).max_id_chars
+    if len(value) > cap:
+        raise ValueError(f"is {len(value)} characters long, more than the cap of {cap}")
+    return value
+
+
+class MentionIn(BaseModel):
+    """One mention: ``{"id", "text", "type", "span"?}``."""
+
+    model_config = _STRICT
+    id: str
+    text: str
+    type: str
+    span: SpanList | SpanObject | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str, info: ValidationInfo) -> str:
+        return _check_id(value, info)
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, value: str, info: ValidationInfo) -> str:
+        if not value.strip():
+            raise ValueError("text is empty")
+        cap = _limits(info).max_mention_chars
+        if len(value) > cap:
+            raise ValueError(f"text is {len(value)} characters long, more than the cap of {cap}")
+        return value
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("type is empty")
+        if len(value) > 128:
+            raise ValueError(f"type is {len(value)} characters long, more than the cap of 128")
+        return value
+
+
+class EvidenceIn(BaseModel):
+    """Where a relationship was stated: ``{"span"?, "quote"?}``."""
+
+    model_config = _STRICT
+    span: SpanList | SpanObject | None = None
+    quote: str | None = None
+
+    @field_validator("quote")
+    @classmethod
+    def _quote(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        cap = _limits(info).max_quote_bytes
+        size = len(value.encode("utf-8", errors="surrogatepass"))
+        if size > cap:
+            raise ValueError(f"quote is {size} bytes long, more than the cap of {cap}")
+        return value
+
+
+class RelationshipIn(BaseModel):
+    """One relationship between two mention ids of the same paper."""
+
+    model_config = _STRICT
+    subject: str
+    predicate: str
+    object: str
+    confidence: float | None = None
+    evidence: EvidenceIn | None = None
+
+    @field_validator("subject", "object")
+    @classmethod
+    def _ids(cls, value: str, info: ValidationInfo) -> str:
+        return _check_id(value, info)
+
+    @field_validator("predicate")
+    @classmethod
+    def _predicate(cls, value: str, info: ValidationInfo) -> str:
+        if not value.strip():
+            raise ValueError("predicate is empty")
+        cap = _limits(info).max_predicate_chars
+        if len(value) > cap:
+            raise ValueError(f"predicate is {len(value)} characters long, more than cap {cap}")
+        return value
+
+    @field_validator("confidence")
+    @classmethod
+    def _confidence(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        if not math.isfinite(value):
+            raise ValueError(f"confidence must be a finite number, got {value}")
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"confidence must be between 0 and 1, got {value}")
+        return float(value)
+
+
+class PaperEnvelope(BaseModel):
+    """The line's outer shape; items are validated one by one so one bad item costs only itself."""
+
+    model_config = _STRICT
+    paper_id: str
+    revision: str | None = None
+    mentions: list[Any]
+    relationships: list[Any]
+
+    @field_validator("paper_id")
+    @classmethod
+    def _paper_id(cls, value: str, info: ValidationInfo) -> str:
+        return _check_id(value, info)
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else _check_id(value, info)

@@ -1,0 +1,236 @@
+"""Composition: read -> validate -> resolve -> write, with a bounded window of papers in flight.
+
+Papers are resolved concurrently (one ResolveBatch per paper, the paper id as context) but written
+in input order by this thread, the only writer. Memory is flat: at most one chunk of parsed lines,
+``window`` papers in flight and one write group are held at once. Before resolving, a chunk's paper
+ids are looked up in the database so unchanged papers cost no call; the writer checks again inside
+its transaction, which is what makes reruns and killed jobs converge.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Protocol
+
+from ingest.client import ChangeEvent, IdentityClient, IdentityError, ItemFailure, Resolution, ServerUnavailable
+from ingest.models import Limits
+from ingest.read import RawLine, read_inputs
+from ingest.sink import GraphSink, ResolvedPaper, WriteOutcome
+from ingest.validate import CheckedPaper, LineReject, drop_refused_mentions, parse_line
+from ingest.vocabulary import Vocabulary, default_vocabulary
+
+logger = logging.getLogger(__name__)
+
+
+class Resolver(Protocol):
+    """What the pipeline needs from the identity server (IdentityClient satisfies it)."""
+
+    def resolve_batch(
+        self, context_id: str, mentions: Sequence[tuple[str, str]], *, lookup_only: bool = False
+    ) -> list[Resolution | ItemFailure]: ...
+
+
+class JobError(Exception):
+    """The job could not run to the end (server gone for the retry budget, database error...)."""
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    concurrency: int = 8
+    limits: Limits = field(default_factory=Limits)
+    vocabulary: Vocabulary = field(default_factory=default_vocabulary)
+    chunk_lines: int = 256
+    group_papers: int = 500
+    group_rows: int = 50_000
+    flush_seconds: float = 1.0
+
+
+@dataclass
+class Summary:
+    """The end-of-job report."""
+
+    lines_read: int = 0
+    ingested: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    rejected_lines: int = 0
+    rejected_items: int = 0
+    new_entities: int = 0
+    matched_entities: int = 0
+    relationships: int = 0
+    elapsed_seconds: float = 0.0
+
+    @property
+    def papers_per_second(self) -> float:
+        papers = self.ingested + self.unchanged
+        return papers / self.elapsed_seconds if self.elapsed_seconds > 0 else 0.0
+
+    def absorb(self, outcome: WriteOutcome) -> None:
+        self.ingested += outcome.ingested
+        self.changed += outcome.changed
+        self.unchanged += outcome.unchanged
+        self.rejected_lines += outcome.rejected_lines
+        self.rejected_items += outcome.rejected_items
+        self.new_entities += outcome.new_entities
+        self.matched_entities += outcome.matched_entities
+        self.relationships += outcome.relationships
+
+    def lines(self) -> list[str]:
+        return [
+            f"papers ingested:   {self.ingested} ({self.changed} changed revisions)",
+            f"papers unchanged:  {self.unchanged}",
+            f"rejected:          {self.rejected_items} items, {self.rejected_lines} lines"
+            + (" (see table rejects)" if self.rejected_items or self.rejected_lines else ""),
+            f"entities:          {self.new_entities} new, {self.matched_entities} matched",
+            f"relationships:     {self.relationships}",
+            f"rate:              {self.papers_per_second:.1f} papers/s "
+            f"({self.elapsed_seconds:.2f} s)",
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class _Unchanged:
+    paper_id: str
+
+
+def _chunks(lines: Iterable[RawLine], size: int) -> Iterator[list[RawLine]]:
+    it = iter(lines)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def resolve_paper(resolver: Resolver, paper: CheckedPaper) -> ResolvedPaper | LineReject:
+    """One ResolveBatch for the paper; mentions the server refuses are rejected with its reason."""
+    if not paper.mentions:
+        return ResolvedPaper(paper, ())
+    try:
+        outcomes = resolver.resolve_batch(
+            paper.paper_id, [(m.text, m.entity_type) for m in paper.mentions])
+    except ServerUnavailable:
+        raise
+    except IdentityError as e:
+        return LineReject(paper.position, f"identity server refused the paper: {e}", "",
+                          paper.paper_id, paper.content_hash)
+    refused = {m.index: f"{o.code}: {o.message}"
+               for m, o in zip(paper.mentions, outcomes, strict=True)
+               if isinstance(o, ItemFailure)}
+    if refused:
+        paper = drop_refused_mentions(paper, refused)
+    resolutions = tuple(o for o in outcomes if isinstance(o, Resolution))
+    return ResolvedPaper(paper, resolutions)
+
+
+def run_job(
+    paths: Sequence[str | Path],
+    *,
+    sink: GraphSink,
+    resolver: Resolver,
+    options: JobOptions | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Summary:
+    """Ingests every paper of ``paths`` into ``sink``; returns the summary.
+
+    Raises JobError when the job cannot go on; everything written before stays (whole papers).
+    """
+    opts = options or JobOptions()
+    summary = Summary()
+    started = time.monotonic()
+    window_size = max(4 * opts.concurrency, 16)
+    window: deque[Future[ResolvedPaper | LineReject] | LineReject | _Unchanged] = deque()
+    group: list[ResolvedPaper | LineReject] = []
+    group_rows = 0
+    last_flush = time.monotonic()
+
+    def flush() -> None:
+        nonlocal group, group_rows, last_flush
+        if group:
+            summary.absorb(sink.write(group))
+            if progress is not None:
+                progress(len(group))
+        group, group_rows, last_flush = [], 0, time.monotonic()
+
+    def drain_one() -> None:
+        nonlocal group_rows
+        head = window.popleft()
+        if isinstance(head, _Unchanged):
+            summary.unchanged += 1
+            if progress is not None:
+                progress(1)
+            return
+        item = head if isinstance(head, LineReject) else head.result()
+        group.append(item)
+        if isinstance(item, ResolvedPaper):
+            group_rows += len(item.paper.mentions) + len(item.paper.relationships)
+        if (len(group) >= opts.group_papers or group_rows >= opts.group_rows
+                or time.monotonic() - last_flush >= opts.flush_seconds):
+            flush()
+
+    with ThreadPoolExecutor(max_workers=opts.concurrency,
+                            thread_name_prefix="ingest-resolve") as pool:
+        try:
+            for chunk in _chunks(read_inputs(paths, max_line_bytes=opts.limits.max_line_bytes),
+                                 opts.chunk_lines):
+                summary.lines_read += len(chunk)
+                parsed = [parse_line(raw, vocabulary=opts.vocabulary, limits=opts.limits)
+                          for raw in chunk]
+                known = sink.known_hashes(
+                    p.paper_id for p in parsed if isinstance(p, CheckedPaper))
+                for p in parsed:
+                    if isinstance(p, LineReject):
+                        window.append(p)
+                    elif p.content_hash in known.get(p.paper_id, ()):
+                        window.append(_Unchanged(p.paper_id))
+                    else:
+                        window.append(pool.submit(resolve_paper, resolver, p))
+                    while len(window) > window_size:
+                        drain_one()
+            while window:
+                drain_one()
+            flush()
+        except ServerUnavailable as e:
+            for pending in window:
+                if isinstance(pending, Future):
+                    pending.cancel()
+            flush()
+            raise JobError(str(e)) from e
+        except BaseException:
+            for pending in window:
+                if isinstance(pending, Future):
+                    pending.cancel()
+            raise
+    summary.elapsed_seconds = time.monotonic() - started
+    logger.info("job done: %s", summary)
+    return summary
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    changes: int
+    merges: int
+    links: int
+    last_sequence: int
+
+
+def sync_redirects(client: IdentityClient, sink: GraphSink) -> SyncResult:
+    """Pulls the change feed after the stored position: merges become redirects (chains
+    resolved); the open possibly_same_as links are refreshed for ``stats``."""
+    after = sink.last_sequence()
+    merges: list[ChangeEvent] = []
+    count, last = 0, after
+    for change in client.list_changes(after):
+        count += 1
+        last = max(last, change.sequence)
+        if change.kind == "merged":
+            merges.append(change)
+    links = client.list_possibly_same_as()
+    new = sink.apply_changes(merges, links, last_sequence=last)
+    logger.info("sync: %d changes after %d, %d merges, %d open links", count, after, new,
+                len(links))
+    return SyncResult(count, new, len(links), last)

@@ -1,0 +1,544 @@
+"""All DuckDB I/O of the ingest service: schema, views, bulk writes, transactions, sync state.
+
+The DuckDB file is the job's cursor: each transaction holds whole papers (the papers row with its
+mentions, relationships and rejects), so a job killed at any point leaves only whole papers behind,
+and a rerun skips every paper whose content hash is already stored. Writes go in bulk through Arrow
+tables; rows are never inserted one by one. Table and column names are a public interface (people
+query them with SQL; see docs/ingest.md): add columns, never rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from ingest.client import ChangeEvent, Link, Resolution
+from ingest.models import Span
+from ingest.validate import CheckedPaper, LineReject, Reject
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_SPAN_SQL = 'STRUCT("start" BIGINT, "end" BIGINT)'
+_COUNTS_SQL = ("STRUCT(mentions INTEGER, relationships INTEGER, rejects INTEGER, "
+               "new_entities INTEGER, matched_entities INTEGER)")
+
+SCHEMA_SQL = f"""
+CREATE TABLE IF NOT EXISTS schema_info (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS papers (
+    paper_id VARCHAR NOT NULL,
+    revision VARCHAR NOT NULL,
+    content_hash VARCHAR NOT NULL,
+    source VARCHAR,
+    counts {_COUNTS_SQL},
+    is_current BOOLEAN NOT NULL,
+    superseded_by VARCHAR,
+    ingested_at TIMESTAMPTZ NOT NULL,
+    superseded_at TIMESTAMPTZ
+);
+CREATE TABLE IF NOT EXISTS mentions (
+    paper_id VARCHAR NOT NULL,
+    revision VARCHAR NOT NULL,
+    content_hash VARCHAR NOT NULL,
+    mention_id VARCHAR NOT NULL,
+    mention_index INTEGER NOT NULL,
+    text VARCHAR NOT NULL,
+    entity_type VARCHAR NOT NULL,
+    entity_id VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,
+    match_kind VARCHAR NOT NULL,
+    created BOOLEAN NOT NULL,
+    resolved_type VARCHAR,
+    display_form VARCHAR,
+    matched_name VARCHAR,
+    span {_SPAN_SQL},
+    is_current BOOLEAN NOT NULL
+);
+CREATE TABLE IF NOT EXISTS relationships (
+    relationship_id VARCHAR NOT NULL,
+    paper_id VARCHAR NOT NULL,
+    revision VARCHAR NOT NULL,
+    content_hash VARCHAR NOT NULL,
+    relationship_index INTEGER NOT NULL,
+    subject_mention_id VARCHAR NOT NULL,
+    subject_id VARCHAR NOT NULL,
+    predicate VARCHAR NOT NULL,
+    raw_predicate VARCHAR NOT NULL,
+    inverted BOOLEAN NOT NULL,
+    object_mention_id VARCHAR NOT NULL,
+    object_id VARCHAR NOT NULL,
+    confidence DOUBLE NOT NULL,
+    evidence_span {_SPAN_SQL},
+    evidence_quote VARCHAR,
+    valid_from TIMESTAMPTZ NOT NULL,
+    valid_to TIMESTAMPTZ,
+    closed_in_revision VARCHAR
+);
+CREATE TABLE IF NOT EXISTS rejects (
+    reject_id VARCHAR NOT NULL,
+    paper_id VARCHAR,
+    revision VARCHAR,
+    content_hash VARCHAR,
+    position VARCHAR NOT NULL,
+    item VARCHAR NOT NULL,
+    reason VARCHAR NOT NULL,
+    raw VARCHAR,
+    rejected_at TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE IF NOT EXISTS redirects (
+    from_id VARCHAR NOT NULL,
+    to_id VARCHAR NOT NULL,
+    merged_into VARCHAR NOT NULL,
+    sequence BIGINT NOT NULL,
+    recorded_at VARCHAR
+);
+CREATE TABLE IF NOT EXISTS possibly_same_as (
+    entity_id VARCHAR NOT NULL,
+    other_id VARCHAR NOT NULL,
+    sequence BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sync_state (
+    feed VARCHAR NOT NULL,
+    last_sequence BIGINT NOT NULL,
+    synced_at TIMESTAMPTZ
+);
+CREATE OR REPLACE VIEW mentions_resolved AS
+    SELECT m.*, COALESCE(r.to_id, m.entity_id) AS resolved_id
+    FROM mentions m LEFT JOIN redirects r ON r.from_id = m.entity_id;
+CREATE OR REPLACE VIEW relationships_resolved AS
+    SELECT rel.*,
+           COALESCE(rs.to_id, rel.subject_id) AS resolved_subject_id,
+           COALESCE(ro.to_id, rel.object_id) AS resolved_object_id
+    FROM relationships rel
+    LEFT JOIN redirects rs ON rs.from_id = rel.subject_id
+    LEFT JOIN redirects ro ON ro.from_id = rel.object_id;
+CREATE OR REPLACE VIEW graph_edges AS
+    SELECT relationship_id, paper_id, revision,
+           resolved_subject_id AS subject_id, predicate, resolved_object_id AS object_id,
+           confidence, raw_predicate, subject_mention_id, object_mention_id, evidence_quote
+    FROM relationships_resolved WHERE valid_to IS NULL;
+CREATE OR REPLACE VIEW entities AS
+    SELECT resolved_id AS entity_id,
+           mode(display_form) AS name,
+           mode(resolved_type) AS entity_type,
+           count(*) AS mention_count,
+           count(DISTINCT paper_id) AS paper_count,
+           list(DISTINCT display_form ORDER BY display_form) AS spellings
+    FROM mentions_resolved WHERE is_current GROUP BY resolved_id;
+"""
+
+_SPAN_TYPE = pa.struct([("start", pa.int64()), ("end", pa.int64())])
+_TS = pa.timestamp("us", tz="UTC")
+
+PAPERS_SCHEMA = pa.schema([
+    ("paper_id", pa.string()), ("revision", pa.string()), ("content_hash", pa.string()),
+    ("source", pa.string()),
+    ("counts", pa.struct([("mentions", pa.int32()), ("relationships", pa.int32()),
+                          ("rejects", pa.int32()), ("new_entities", pa.int32()),
+                          ("matched_entities", pa.int32())])),
+    ("is_current", pa.bool_()), ("superseded_by", pa.string()),
+    ("ingested_at", _TS), ("superseded_at", _TS),
+])
+MENTIONS_SCHEMA = pa.schema([
+    ("paper_id", pa.string()), ("revision", pa.string()), ("content_hash", pa.string()),
+    ("mention_id", pa.string()), ("mention_index", pa.int32()), ("text", pa.string()),
+    ("entity_type", pa.string()), ("entity_id", pa.string()), ("status", pa.string()),
+    ("match_kind", pa.string()), ("created", pa.bool_()), ("resolved_type", pa.string()),
+    ("display_form", pa.string()), ("matched_name", pa.string()), ("span", _SPAN_TYPE),
+    ("is_current", pa.bool_()),
+])
+RELATIONSHIPS_SCHEMA = pa.schema([
+    ("relationship_id", pa.string()), ("paper_id", pa.string()), ("revision", pa.string()),
+    ("content_hash", pa.string()), ("relationship_index", pa.int32()),
+    ("subject_mention_id", pa.string()), ("subject_id", pa.string()),
+    ("predicate", pa.string()), ("raw_predicate", pa.string()), ("inverted", pa.bool_()),
+    ("object_mention_id", pa.string()), ("object_id", pa.string()),
+    ("confidence", pa.float64()), ("evidence_span", _SPAN_TYPE),
+    ("evidence_quote", pa.string()), ("valid_from", _TS), ("valid_to", _TS),
+    ("closed_in_revision", pa.string()),
+])
+REJECTS_SCHEMA = pa.schema([
+    ("reject_id", pa.string()), ("paper_id", pa.string()), ("revision", pa.string()),
+    ("content_hash", pa.string()), ("position", pa.string()), ("item", pa.string()),
+    ("reason", pa.string()), ("raw", pa.string()), ("rejected_at", _TS),
+])
+REDIRECTS_SCHEMA = pa.schema([
+    ("from_id", pa.string()), ("to_id", pa.string()), ("merged_into", pa.string()),
+    ("sequence", pa.int64()), ("recorded_at", pa.string()),
+])
+LINKS_SCHEMA = pa.schema([
+    ("entity_id", pa.string()), ("other_id", pa.string()), ("sequence", pa.int64()),
+])
+
+
+class SinkError(Exception):
+    """The graph database could not be opened or written (wraps the DuckDB error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPaper:
+    """A checked paper with one resolution per mention (same order as ``paper.mentions``)."""
+
+    paper: CheckedPaper
+    resolutions: tuple[Resolution, ...]
+
+
+@dataclass
+class WriteOutcome:
+    """What one write did, paper by paper."""
+
+    ingested: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    rejected_items: int = 0
+    rejected_lines: int = 0
+    new_entities: int = 0
+    matched_entities: int = 0
+    relationships: int = 0
+
+    def add(self, other: WriteOutcome) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def _span(span: Span | None) -> dict[str, int] | None:
+    return None if span is None else {"start": span.start, "end": span.end}
+
+
+def _reject_id(*parts: str | None) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update((part or "").encode("utf-8", errors="surrogatepass"))
+        h.update(b"\x1f")
+    return h.hexdigest()[:32]
+
+
+@dataclass
+class _Pending:
+    """One paper's rows, kept until the transaction so a later revision in the same group can
+    close them before they are written."""
+
+    resolved: ResolvedPaper
+    is_current: bool = True
+    closed_in: str | None = None
+    superseded_by: str | None = None
+
+
+@dataclass
+class _Rows:
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+
+    def add(self, **values: Any) -> None:
+        for key, value in values.items():
+            self.columns.setdefault(key, []).append(value)
+
+    def table(self, schema: pa.Schema) -> pa.Table:
+        n = len(next(iter(self.columns.values()), []))
+        return pa.table({name: self.columns.get(name, [None] * n) for name in schema.names},
+                        schema=schema)
+
+
+class GraphSink:
+    """The one writer of one DuckDB file. Not thread-safe: use it from one thread."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        try:
+            self._con = duckdb.connect(self.path)
+            self._con.execute(SCHEMA_SQL)
+            if not self._con.execute("SELECT count(*) FROM schema_info").fetchall()[0][0]:
+                self._con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
+        except duckdb.Error as e:
+            raise SinkError(f"cannot open graph database {self.path}: {e}") from e
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> GraphSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def known_hashes(self, paper_ids: Iterable[str]) -> dict[str, set[str]]:
+        """Every stored content hash (all revisions) of the given papers."""
+        ids = pa.table({"paper_id": pa.array(sorted(set(paper_ids)), pa.string())})
+        if ids.num_rows == 0:
+            return {}
+        try:
+            self._con.register("_ids", ids)
+            rows = self._con.execute(
+                "SELECT p.paper_id, p.content_hash, p.is_current FROM papers p "
+                "JOIN _ids USING (paper_id)").fetchall()
+        except duckdb.Error as e:
+            raise SinkError(f"cannot read papers from {self.path}: {e}") from e
+        finally:
+            self._con.unregister("_ids")
+        out: dict[str, set[str]] = {}
+        for pid, h, _ in rows:
+            out.setdefault(pid, set()).add(h)
+        return out
+
+    def _current(self, paper_ids: Iterable[str]) -> tuple[dict[str, set[str]], set[str]]:
+        ids = pa.table({"paper_id": pa.array(sorted(set(paper_ids)), pa.string())})
+        known: dict[str, set[str]] = {}
+        current: set[str] = set()
+        if ids.num_rows == 0:
+            return known, current
+        self._con.register("_ids", ids)
+        try:
+            rows = self._con.execute(
+                "SELECT p.paper_id, p.content_hash, p.is_current FROM papers p "
+                "JOIN _ids USING (paper_id)").fetchall()
+        finally:
+            self._con.unregister("_ids")
+        for pid, h, is_current in rows:
+            known.setdefault(pid, set()).add(h)
+            if is_current:
+                current.add(pid)
+        return known, current
+
+    def last_sequence(self, feed: str = "identity") -> int:
+        rows = self._con.execute(
+            "SELECT max(last_sequence) FROM sync_state WHERE feed = ?", [feed]).fetchall()
+        return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Runs a read-only query (used by ``stats`` and tests)."""
+        try:
+            return self._con.execute(sql, params or []).fetchall()
+        except duckdb.Error as e:
+            raise SinkError(f"query failed on {self.path}: {e}") from e
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def write(self, items: Sequence[ResolvedPaper | LineReject]) -> WriteOutcome:
+        """Writes a group of papers and rejected lines, in order, in one transaction.
+
+        A paper whose content hash is already stored (any revision) is skipped; a paper with a new
+        content hash closes its current revision (relationships get ``valid_to``, mentions and
+        the papers row stop being current) and adds the new one.
+        """
+        now = datetime.now(UTC)
+        outcome = WriteOutcome()
+        try:
+            self._con.begin()
+            known, current = self._current(
+                x.paper.paper_id for x in items if isinstance(x, ResolvedPaper))
+            pending: list[_Pending] = []
+            pending_current: dict[str, _Pending] = {}
+            close_db: _Rows = _Rows()
+            rejects = _Rows()
+            for item in items:
+                if isinstance(item, LineReject):
+                    outcome.rejected_lines += 1
+                    rid = (_reject_id("paper-line", item.paper_id, item.content_hash, item.reason)
+                           if item.paper_id is not None
+                           else _reject_id("line", item.position, item.raw, item.reason))
+                    rejects.add(reject_id=rid, paper_id=item.paper_id, revision=None,
+                                content_hash=item.content_hash, position=item.position, item="",
+                                reason=item.reason, raw=item.raw, rejected_at=now)
+                    continue
+                paper = item.paper
+                pid = paper.paper_id
+                if paper.content_hash in known.get(pid, set()):
+                    outcome.unchanged += 1
+                    continue
+                if pid in pending_current:
+                    earlier = pending_current[pid]
+                    earlier.is_current = False
+                    earlier.closed_in = paper.revision
+                    earlier.superseded_by = paper.content_hash
+                    outcome.changed += 1
+                elif pid in current:
+                    close_db.add(paper_id=pid, revision=paper.revision,
+                                 content_hash=paper.content_hash)
+                    current.discard(pid)
+                    outcome.changed += 1
+                known.setdefault(pid, set()).add(paper.content_hash)
+                entry = _Pending(item)
+                pending.append(entry)
+                pending_current[pid] = entry
+                outcome.ingested += 1
+                self._add_rejects(rejects, paper, paper.rejects, now)
+                outcome.rejected_items += len(paper.rejects)
+            if close_db.columns:
+                self._close(close_db, now)
+            if pending:
+                self._insert_papers(pending, now, outcome)
+            if rejects.columns:
+                self._insert_rejects(rejects.table(REJECTS_SCHEMA))
+            self._con.commit()
+        except duckdb.Error as e:
+            self._rollback()
+            raise SinkError(f"cannot write to {self.path}: {e}") from e
+        except BaseException:
+            self._rollback()
+            raise
+        return outcome
+
+    def _rollback(self) -> None:
+        try:
+            self._con.rollback()
+        except duckdb.Error:
+            logger.debug("rollback after a failed write also failed", exc_info=True)
+
+    @staticmethod
+    def _add_rejects(rows: _Rows, paper: CheckedPaper, items: Iterable[Reject],
+                     now: datetime) -> None:
+        for r in items:
+            rows.add(reject_id=_reject_id("item", paper.paper_id, paper.content_hash, r.item,
+                                          r.reason),
+                     paper_id=paper.paper_id, revision=paper.revision,
+                     content_hash=paper.content_hash, position=paper.position, item=r.item,
+                     reason=r.reason, raw=r.raw, rejected_at=now)
+
+    def _close(self, close: _Rows, now: datetime) -> None:
+        table = close.table(pa.schema([("paper_id", pa.string()), ("revision", pa.string()),
+                                       ("content_hash", pa.string())]))
+        self._con.register("_close", table)
+        try:
+            self._con.execute(
+                "UPDATE relationships SET valid_to = ?, closed_in_revision = c.revision "
+                "FROM _close c WHERE relationships.paper_id = c.paper_id "
+                "AND relationships.valid_to IS NULL", [now])
+            self._con.execute(
+                "UPDATE mentions SET is_current = false FROM _close c "
+                "WHERE mentions.paper_id = c.paper_id AND mentions.is_current")
+            self._con.execute(
+                "UPDATE papers SET is_current = false, superseded_at = ?, "
+                "superseded_by = c.content_hash FROM _close c "
+                "WHERE papers.paper_id = c.paper_id AND papers.is_current", [now])
+        finally:
+            self._con.unregister("_close")
+
+    def _insert_papers(self, pending: list[_Pending], now: datetime,
+                       outcome: WriteOutcome) -> None:
+        papers, mentions, rels = _Rows(), _Rows(), _Rows()
+        for entry in pending:
+            paper = entry.resolved.paper
+            new = sum(1 for r in entry.resolved.resolutions if r.created)
+            matched = len(entry.resolved.resolutions) - new
+            outcome.new_entities += new
+            outcome.matched_entities += matched
+            outcome.relationships += len(paper.relationships)
+            papers.add(
+                paper_id=paper.paper_id, revision=paper.revision, content_hash=paper.content_hash,
+                source=paper.position,
+                counts={"mentions": len(paper.mentions),
+                        "relationships": len(paper.relationships),
+                        "rejects": len(paper.rejects), "new_entities": new,
+                        "matched_entities": matched},
+                is_current=entry.is_current, superseded_by=entry.superseded_by,
+                ingested_at=now, superseded_at=None if entry.is_current else now)
+            ids: dict[str, str] = {}
+            for m, res in zip(paper.mentions, entry.resolved.resolutions, strict=True):
+                ids[m.mention_id] = res.entity_id
+                mentions.add(
+                    paper_id=paper.paper_id, revision=paper.revision,
+                    content_hash=paper.content_hash, mention_id=m.mention_id,
+                    mention_index=m.index, text=m.text, entity_type=m.entity_type,
+                    entity_id=res.entity_id, status=res.status, match_kind=res.match_kind,
+                    created=res.created, resolved_type=res.entity_type,
+                    display_form=res.display_form, matched_name=res.matched_name,
+                    span=_span(m.span), is_current=entry.is_current)
+            for r in paper.relationships:
+                rels.add(
+                    relationship_id=r.relationship_id, paper_id=paper.paper_id,
+                    revision=paper.revision, content_hash=paper.content_hash,
+                    relationship_index=r.index, subject_mention_id=r.subject_mention_id,
+                    subject_id=ids[r.subject_mention_id], predicate=r.predicate,
+                    raw_predicate=r.raw_predicate, inverted=r.inverted,
+                    object_mention_id=r.object_mention_id, object_id=ids[r.object_mention_id],
+                    confidence=r.confidence, evidence_span=_span(r.evidence_span),
+                    evidence_quote=r.evidence_quote, valid_from=now,
+                    valid_to=None if entry.is_current else now, closed_in_revision=entry.closed_in)
+        self._append("papers", papers.table(PAPERS_SCHEMA))
+        if mentions.columns:
+            self._append("mentions", mentions.table(MENTIONS_SCHEMA))
+        if rels.columns:
+            self._append("relationships", rels.table(RELATIONSHIPS_SCHEMA))
+
+    def _append(self, name: str, table: pa.Table) -> None:
+        self._con.register("_new", table)
+        try:
+            columns = ", ".join(f'"{c}"' for c in table.schema.names)
+            self._con.execute(f"INSERT INTO {name} ({columns}) SELECT {columns} FROM _new")
+        finally:
+            self._con.unregister("_new")
+
+    def _insert_rejects(self, table: pa.Table) -> None:
+        self._con.register("_new", table)
+        try:
+            columns = ", ".join(f'"{c}"' for c in table.schema.names)
+            self._con.execute(
+                f"INSERT INTO rejects ({columns}) SELECT {columns} FROM "
+                "(SELECT *, row_number() OVER (PARTITION BY reject_id) AS _n FROM _new) n "
+                "WHERE n._n = 1 AND n.reject_id NOT IN (SELECT reject_id FROM rejects)")
+        finally:
+            self._con.unregister("_new")
+
+    # -- sync ----------------------------------------------------------------------------------
+
+    def apply_changes(self, changes: Sequence[ChangeEvent], links: Sequence[Link] | None,
+                      *, last_sequence: int = 0, feed: str = "identity") -> int:
+        """Stores merges as redirects (chains resolved), the open links, and the feed position.
+
+        Returns the number of new merges. One transaction, so a killed sync is simply redone.
+        """
+        merges = [c for c in changes if c.kind == "merged" and c.entity_id and c.other_id]
+        try:
+            self._con.begin()
+            direct: dict[str, tuple[str, int, str]] = {
+                row[0]: (row[1], row[2], row[3]) for row in self._con.execute(
+                    "SELECT from_id, merged_into, sequence, recorded_at FROM redirects"
+                ).fetchall()
+            }
+            for c in merges:
+                direct[c.entity_id] = (c.other_id, c.sequence, c.recorded_at)
+            rows = _Rows()
+            for source, (into, seq, at) in sorted(direct.items()):
+                target, hops = into, 0
+                while target in direct and target != source and hops < len(direct):
+                    target = direct[target][0]
+                    hops += 1
+                rows.add(from_id=source, to_id=target, merged_into=into, sequence=seq,
+                         recorded_at=at)
+            if merges:
+                self._con.execute("DELETE FROM redirects")
+                if rows.columns:
+                    self._append("redirects", rows.table(REDIRECTS_SCHEMA))
+            if links is not None:
+                stored = self._con.execute(
+                    "SELECT entity_id, other_id, sequence FROM possibly_same_as ORDER BY ALL"
+                ).fetchall()
+                fresh = sorted((x.entity_id, x.other_id, x.sequence) for x in links)
+                if stored != fresh:
+                    self._con.execute("DELETE FROM possibly_same_as")
+                    link_rows = _Rows()
+                    for a, b, seq in fresh:
+                        link_rows.add(entity_id=a, other_id=b, sequence=seq)
+                    if link_rows.columns:
+                        self._append("possibly_same_as", link_rows.table(LINKS_SCHEMA))
+            before = self.last_sequence(feed)
+            last = max([before, last_sequence, *(c.sequence for c in changes)])
+            if last != before:
+                self._con.execute("DELETE FROM sync_state WHERE feed = ?", [feed])
+                self._con.execute("INSERT INTO sync_state VALUES (?, ?, ?)",
+                                  [feed, last, datetime.now(UTC)])
+            self._con.commit()
+        except duckdb.Error as e:
+            self._rollback()
+            raise SinkError(f"cannot store redirects in {self.path}: {e}") from e
+        return len(merges)

@@ -1,0 +1,64 @@
+"""Fixtures for ingest integration tests: a real stub server on port 0, corpora, DB snapshots."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from ingest.testing import StubServer, serve_stub
+
+TABLES = ("papers", "mentions", "relationships", "rejects", "redirects", "possibly_same_as",
+          "sync_state")
+# Wall-clock columns may differ between runs; a closed relationship must still be closed.
+WALL_CLOCK = {"ingested_at", "superseded_at", "valid_from", "rejected_at", "synced_at"}
+
+Snapshot = dict[str, list[tuple[Any, ...]]]
+
+
+def take_snapshot(db: Path, *, wall_clock: bool = False) -> Snapshot:
+    """Every table's rows, sorted; without wall-clock columns unless asked."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        out: Snapshot = {}
+        for table in TABLES:
+            cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
+            exprs = []
+            for c in cols:
+                if c == "valid_to" and not wall_clock:
+                    exprs.append("valid_to IS NOT NULL AS closed")
+                elif wall_clock or c not in WALL_CLOCK:
+                    exprs.append(f'"{c}"')
+            out[table] = con.execute(
+                f"SELECT {', '.join(exprs)} FROM {table} ORDER BY ALL").fetchall()
+        return out
+    finally:
+        con.close()
+
+
+def write_jsonl(path: Path, papers: Iterable[Any]) -> Path:
+    """Writes papers (dicts, or raw strings for deliberately broken lines)."""
+    with path.open("w", encoding="utf-8") as f:
+        for p in papers:
+            f.write((p if isinstance(p, str) else json.dumps(p)) + "\n")
+    return path
+
+
+@pytest.fixture
+def stub() -> Iterator[StubServer]:
+    with serve_stub() as server:
+        yield server
+
+
+@pytest.fixture
+def snapshot() -> Callable[..., Snapshot]:
+    return take_snapshot
+
+
+@pytest.fixture
+def jsonl() -> Callable[[Path, Iterable[Any]], Path]:
+    return write_jsonl

@@ -1,0 +1,312 @@
+"""The ingest pipeline end to end against the stub identity server and real DuckDB files."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import grpc
+import pytest
+
+from ingest.client import IdentityClient, RetryPolicy
+from ingest.models import Limits
+from ingest.pipeline import JobError, JobOptions, Summary, run_job, sync_redirects
+from ingest.sink import GraphSink
+from ingest.testing import StubServer, serve_stub, stub_entity_id, synthetic_papers
+
+FAST = RetryPolicy(deadline_seconds=5.0, budget_seconds=20.0, initial_backoff=0.01,
+                   max_backoff=0.1)
+
+
+def ingest(paths: list[Path], db: Path, address: str, *, policy: RetryPolicy = FAST,
+           **options: Any) -> tuple[Summary, int]:
+    with GraphSink(db) as sink, IdentityClient(address, policy=policy) as client:
+        summary = run_job(paths, sink=sink, resolver=client, options=JobOptions(**options))
+        sync_redirects(client, sink)
+        return summary, client.retries
+
+
+def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def small_paper(paper_id: str = "p1", revision: str | None = None,
+                rels: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "paper_id": paper_id,
+        "mentions": [{"id": "m1", "text": "BERT", "type": "method"},
+                     {"id": "m2", "text": "SQuAD", "type": "dataset"},
+                     {"id": "m3", "text": "Jacob Devlin", "type": "person"}],
+        "relationships": rels if rels is not None else [
+            {"subject": "m1", "predicate": "evaluated on", "object": "m2", "confidence": 0.9},
+            {"subject": "m1", "predicate": "authored by", "object": "m3"},
+            {"subject": "m2", "predicate": "is used by", "object": "m1"},
+        ],
+    }
+    if revision is not None:
+        p["revision"] = revision
+    return p
+
+
+def test_batch_ingested_twice_has_identical_tables(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path],
+        snapshot: Callable[..., Any]) -> None:
+    corpus = jsonl(tmp_path / "in.jsonl",
+                   [*synthetic_papers(60, mentions_per_paper=8, relationships_per_paper=5, seed=3),
+                    "{not json", {"paper_id": "bad", "mentions": "x", "relationships": []},
+                    small_paper("p-bad", rels=[{"subject": "m1", "predicate": "uses",
+                                                "object": "m1"}])])
+    db = tmp_path / "g.duckdb"
+    first, _ = ingest([corpus], db, stub.address, concurrency=4, group_papers=7)
+    before = snapshot(db, wall_clock=True)
+    second, _ = ingest([corpus], db, stub.address, concurrency=4, group_papers=7)
+    assert snapshot(db, wall_clock=True) == before
+    assert (first.ingested, first.unchanged, first.rejected_lines, first.rejected_items) == (
+        61, 0, 2, 1)
+    assert (second.ingested, second.unchanged) == (0, 61)
+    assert len(before["papers"]) == 61 and len(before["rejects"]) == 3
+    assert len(before["relationships"]) == 60 * 5 + 0
+
+
+def test_concurrency_does_not_change_what_is_stored(
+        tmp_path: Path, jsonl: Callable[..., Path], snapshot: Callable[..., Any]) -> None:
+    corpus = jsonl(tmp_path / "in.jsonl", synthetic_papers(40, mentions_per_paper=6,
+                                                           relationships_per_paper=4, seed=5))
+    results = []
+    for concurrency in (1, 8):
+        with serve_stub() as fresh:
+            db = tmp_path / f"c{concurrency}.duckdb"
+            ingest([corpus], db, fresh.address, concurrency=concurrency)
+            # Ids do not depend on order; who saw a name first (match kind, counts) may.
+            results.append((
+                rows(db, "SELECT paper_id, mention_id, entity_id FROM mentions ORDER BY ALL"),
+                snapshot(db)["relationships"]))
+    assert results[0] == results[1]
+    assert len(results[0][0]) == 40 * 6
+
+
+def test_changed_paper_closes_old_relationships_and_adds_new(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path],
+        snapshot: Callable[..., Any]) -> None:
+    v1 = jsonl(tmp_path / "v1.jsonl", [small_paper(revision="v1"), small_paper("p2")])
+    rels_v2 = [{"subject": "m1", "predicate": "evaluated on", "object": "m2", "confidence": 0.9},
+               {"subject": "m3", "predicate": "works at", "object": "m2"}]
+    v2 = jsonl(tmp_path / "v2.jsonl", [small_paper(revision="v2", rels=rels_v2)])
+    db = tmp_path / "g.duckdb"
+    ingest([v1], db, stub.address)
+    summary, _ = ingest([v2], db, stub.address)
+    assert (summary.ingested, summary.changed) == (1, 1)
+    rels = rows(db, "SELECT revision, predicate, valid_to IS NOT NULL, closed_in_revision "
+                    "FROM relationships WHERE paper_id = 'p1' ORDER BY revision, predicate")
+    assert rels == [
+        ("v1", "authored_by", True, "v2"),
+        ("v1", "evaluated_on", True, "v2"),
+        ("v1", "uses", True, "v2"),
+        ("v2", "affiliated_with", False, None),
+        ("v2", "evaluated_on", False, None),
+    ]
+    assert rows(db, "SELECT revision, is_current FROM papers WHERE paper_id = 'p1' "
+                    "ORDER BY revision") == [("v1", False), ("v2", True)]
+    assert rows(db, "SELECT revision, count(*) FILTER (WHERE is_current), count(*) "
+                    "FROM mentions WHERE paper_id = 'p1' GROUP BY revision ORDER BY revision") == [
+        ("v1", 0, 3), ("v2", 3, 3)]
+    # p2 is untouched; the edge view shows only open edges.
+    assert rows(db, "SELECT count(*) FROM graph_edges WHERE paper_id = 'p2'") == [(3,)]
+    assert rows(db, "SELECT count(*) FROM graph_edges WHERE paper_id = 'p1'") == [(2,)]
+    # Rerunning either delivery changes nothing: an old revision is never re-applied.
+    before = snapshot(db, wall_clock=True)
+    ingest([v1], db, stub.address)
+    ingest([v2], db, stub.address)
+    ingest([v1, v2], db, stub.address)
+    assert snapshot(db, wall_clock=True) == before
+
+
+def test_two_revisions_in_one_job_close_in_the_same_transaction(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path]) -> None:
+    corpus = jsonl(tmp_path / "in.jsonl", [small_paper(revision="v1"),
+                                           small_paper(revision="v2", rels=[])])
+    db = tmp_path / "g.duckdb"
+    ingest([corpus], db, stub.address, concurrency=1)
+    assert rows(db, "SELECT revision, is_current FROM papers ORDER BY revision") == [
+        ("v1", False), ("v2", True)]
+    assert rows(db, "SELECT count(*) FROM relationships WHERE valid_to IS NULL") == [(0,)]
+    assert rows(db, "SELECT DISTINCT closed_in_revision FROM relationships") == [("v2",)]
+
+
+def test_each_kind_of_bad_input_is_rejected_and_the_rest_stored(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path]) -> None:
+    good_rel = {"subject": "m1", "predicate": "uses", "object": "m2"}
+    bad_rels = [
+        {"subject": "m1", "predicate": "uses", "object": "m7"},
+        {"subject": "m2", "predicate": "uses", "object": "m2"},
+        {"subject": "m1", "predicate": "uses", "object": "m3", "confidence": float("nan")},
+        {"subject": "m1", "predicate": "uses", "object": "m3", "confidence": 2},
+        {"subject": "m1", "predicate": "uses", "object": "m3", "confidence": "0.5"},
+        {"subject": "m1", "object": "m3"},
+        {"subject": "m3", "predicate": "uses", "object": "m1",
+         "evidence": {"quote": "q" * 70_000}},
+    ]
+    paper = small_paper(rels=[good_rel, *bad_rels])
+    paper["mentions"] += [{"id": "m4", "text": "x" * 600, "type": "method"},
+                          {"id": "m5", "type": "method"},
+                          {"id": "m6", "text": ["BERT"], "type": "method"},
+                          {"id": "m8", "text": "y" * 520, "type": "method"}]
+    corpus = jsonl(tmp_path / "in.jsonl", [
+        "this is not json",
+        paper,
+        {"paper_id": "p9", "mentions": {"m1": "BERT"}, "relationships": []},
+        {"mentions": [], "relationships": []},
+        '{"paper_id": "huge", "mentions": [], "relationships": [], "pad": "' + "z" * 200_000 + '"}',
+    ])
+    db = tmp_path / "g.duckdb"
+    with GraphSink(db) as sink, IdentityClient(stub.address, policy=FAST) as client:
+        summary = run_job([corpus], sink=sink, resolver=client, options=JobOptions(
+            limits=Limits(max_line_bytes=100_000, max_mention_chars=550)))
+    got = rows(db, "SELECT position, item, reason FROM rejects ORDER BY position, item")
+    where = {(pos.rsplit(":", 1)[1], item): reason for pos, item, reason in got}
+    expected = {
+        ("1", ""): "not valid JSON",
+        ("2", "mentions[3]"): "600 characters long, more than the cap of 550",
+        ("2", "mentions[4]"): "text: required field is missing",
+        ("2", "mentions[5]"): "text: Input should be a valid string (got list)",
+        ("2", "mentions[6]"): "identity server refused the mention: INVALID_ARGUMENT",
+        ("2", "relationships[1]"): "'m7' is not a mention id of this paper",
+        ("2", "relationships[2]"): "self-loop",
+        ("2", "relationships[3]"): "finite",
+        ("2", "relationships[4]"): "between 0 and 1, got 2",
+        ("2", "relationships[5]"): "valid number (got str)",
+        ("2", "relationships[6]"): "predicate: required field is missing",
+        ("2", "relationships[7]"): "more than the cap of 65536",
+        ("3", ""): "paper.mentions: Input should be a valid list (got dict)",
+        ("4", ""): "paper.paper_id: required field is missing",
+        ("5", ""): "more than the cap of 100000 bytes",
+    }
+    assert set(where) == set(expected)
+    for key, fragment in expected.items():
+        assert fragment in where[key], (key, where[key])
+    # The rest of the paper is stored.
+    assert rows(db, "SELECT mention_id FROM mentions ORDER BY mention_id") == [
+        ("m1",), ("m2",), ("m3",)]
+    assert rows(db, "SELECT subject_mention_id, object_mention_id FROM relationships") == [
+        ("m1", "m2")]
+    assert rows(db, "SELECT counts.rejects FROM papers") == [(11,)]
+    assert (summary.rejected_items, summary.rejected_lines, summary.ingested) == (11, 4, 1)
+
+
+def test_unavailable_server_is_retried(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path],
+        snapshot: Callable[..., Any]) -> None:
+    corpus = jsonl(tmp_path / "in.jsonl", synthetic_papers(20, mentions_per_paper=5,
+                                                           relationships_per_paper=3, seed=9))
+    stub.servicer.fail_next(6)
+    summary, retries = ingest([corpus], tmp_path / "g.duckdb", stub.address, concurrency=1)
+    assert retries == 6
+    assert summary.ingested == 20
+    with serve_stub() as clean:
+        ingest([corpus], tmp_path / "clean.duckdb", clean.address, concurrency=1)
+    assert snapshot(tmp_path / "g.duckdb") == snapshot(tmp_path / "clean.duckdb")
+
+
+def test_slow_replies_hit_the_deadline_and_are_retried_without_double_counting(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path],
+        snapshot: Callable[..., Any]) -> None:
+    corpus = jsonl(tmp_path / "in.jsonl", synthetic_papers(10, mentions_per_paper=5,
+                                                           relationships_per_paper=3, seed=2))
+    stub.servicer.slow_next(2, 0.6)
+    policy = RetryPolicy(deadline_seconds=0.25, budget_seconds=20, initial_backoff=0.3,
+                         max_backoff=0.6)
+    summary, retries = ingest([corpus], tmp_path / "g.duckdb", stub.address, policy=policy,
+                              concurrency=1)
+    assert retries >= 1
+    assert summary.ingested == 10
+    with serve_stub() as clean:
+        ingest([corpus], tmp_path / "clean.duckdb", clean.address, concurrency=1)
+    assert snapshot(tmp_path / "g.duckdb") == snapshot(tmp_path / "clean.duckdb")
+
+
+def test_server_restart_mid_job_costs_time_not_data(
+        tmp_path: Path, jsonl: Callable[..., Path]) -> None:
+    corpus = jsonl(tmp_path / "in.jsonl", synthetic_papers(30, mentions_per_paper=5,
+                                                           relationships_per_paper=3, seed=4))
+    first = serve_stub()
+    port = first.port
+    first.servicer.delay_seconds = 0.02
+    db = tmp_path / "g.duckdb"
+    restarted: list[StubServer] = []
+
+    def restart() -> None:
+        first.stop()
+        threading.Event().wait(0.5)
+        restarted.append(serve_stub(port=port))
+
+    timer = threading.Timer(0.2, restart)
+    timer.start()
+    try:
+        summary, retries = ingest([corpus], db, f"127.0.0.1:{port}", concurrency=2)
+    finally:
+        timer.join()
+        for s in restarted:
+            s.stop()
+    assert summary.ingested == 30
+    assert retries >= 1
+    assert rows(db, "SELECT count(*) FROM papers") == [(30,)]
+
+
+def test_server_gone_for_good_fails_the_job_and_keeps_what_was_written(
+        tmp_path: Path, jsonl: Callable[..., Path]) -> None:
+    corpus = jsonl(tmp_path / "in.jsonl", synthetic_papers(3, mentions_per_paper=3,
+                                                           relationships_per_paper=1))
+    with serve_stub() as gone:
+        address = gone.address
+    policy = RetryPolicy(deadline_seconds=0.2, budget_seconds=0.5, initial_backoff=0.05)
+    with GraphSink(tmp_path / "g.duckdb") as sink, IdentityClient(address, policy=policy) as c:
+        with pytest.raises(JobError, match="UNAVAILABLE"):
+            run_job([corpus], sink=sink, resolver=c)
+
+
+def test_non_retryable_error_rejects_the_paper_only(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path]) -> None:
+    corpus = jsonl(tmp_path / "in.jsonl", [small_paper("p1"), small_paper("p2")])
+    stub.servicer.fail_next(1, grpc.StatusCode.INVALID_ARGUMENT)
+    summary, _ = ingest([corpus], tmp_path / "g.duckdb", stub.address, concurrency=1)
+    assert summary.ingested == 1 and summary.rejected_lines == 1
+    assert "identity server refused the paper" in rows(
+        tmp_path / "g.duckdb", "SELECT reason FROM rejects")[0][0]
+
+
+def test_merge_on_the_server_shows_through_the_views_after_sync(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path]) -> None:
+    corpus = jsonl(tmp_path / "in.jsonl", [small_paper("p1")])
+    db = tmp_path / "g.duckdb"
+    ingest([corpus], db, stub.address)
+    bert = stub_entity_id("method", "BERT")
+    squad = stub_entity_id("dataset", "SQuAD")
+    with IdentityClient(stub.address, policy=FAST) as client:
+        # A chain: BERT -> X -> Y must read as BERT -> Y after sync.
+        x = client.resolve("Bert Large", "method").entity_id
+        y = client.resolve("BERT family", "method").entity_id
+        client.merge(bert, x)
+        client.merge(x, y)
+    # Before sync, edges still show the stored ids.
+    assert rows(db, "SELECT DISTINCT subject_id FROM graph_edges WHERE predicate = "
+                    "'evaluated_on'") == [(bert,)]
+    with GraphSink(db) as sink, IdentityClient(stub.address, policy=FAST) as client:
+        result = sync_redirects(client, sink)
+        assert result.merges == 2
+        again = sync_redirects(client, sink)
+        assert again.merges == 0 and again.last_sequence == result.last_sequence
+    assert rows(db, "SELECT from_id, to_id FROM redirects ORDER BY from_id") == sorted(
+        [(bert, y), (x, y)])
+    assert rows(db, "SELECT subject_id, object_id FROM graph_edges WHERE predicate = "
+                    "'evaluated_on'") == [(y, squad)]
+    assert rows(db, "SELECT subject_id FROM relationships WHERE predicate = 'evaluated_on'") == [
+        (bert,)]  # stored edges are never rewritten
+    assert rows(db, "SELECT resolved_id FROM mentions_resolved WHERE mention_id = 'm1'") == [(y,)]
+    assert (y,) in rows(db, "SELECT entity_id FROM entities")

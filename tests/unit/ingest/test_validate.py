@@ -1,0 +1,204 @@
+"""Validation is per item: each kind of bad input is rejected with a reason, the rest is kept."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ingest.models import Limits
+from ingest.read import RawLine
+from ingest.validate import CheckedPaper, LineReject, drop_refused_mentions, parse_line
+from ingest.vocabulary import default_vocabulary
+
+
+def paper(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "paper_id": "p1",
+        "mentions": [
+            {"id": "m1", "text": "BERT", "type": "method", "span": [0, 4]},
+            {"id": "m2", "text": "SQuAD", "type": "dataset"},
+        ],
+        "relationships": [
+            {"subject": "m1", "predicate": "evaluated on", "object": "m2", "confidence": 0.9,
+             "evidence": {"span": {"start": 5, "end": 30}, "quote": "BERT on SQuAD"}},
+        ],
+    }
+    base.update(overrides)
+    return base
+
+
+def parse(obj: Any, limits: Limits | None = None, *, raw: bytes | None = None) -> Any:
+    data = raw if raw is not None else json.dumps(obj).encode()
+    line = RawLine("in.jsonl", 7, data, len(data), data[:1024])
+    return parse_line(line, vocabulary=default_vocabulary(), limits=limits or Limits())
+
+
+def test_good_paper() -> None:
+    p = parse(paper())
+    assert isinstance(p, CheckedPaper)
+    assert p.rejects == ()
+    assert p.position == "in.jsonl:7"
+    assert [m.mention_id for m in p.mentions] == ["m1", "m2"]
+    (r,) = p.relationships
+    assert (r.predicate, r.raw_predicate, r.confidence) == ("evaluated_on", "evaluated on", 0.9)
+    assert r.evidence_span is not None and r.evidence_span.end == 30
+    assert p.revision == p.content_hash  # no revision given
+
+
+def test_absent_confidence_is_one_and_revision_is_kept() -> None:
+    rel = {"subject": "m1", "predicate": "uses", "object": "m2"}
+    p = parse(paper(revision="v3", relationships=[rel]))
+    assert p.relationships[0].confidence == 1.0
+    assert p.revision == "v3"
+
+
+def test_inverse_phrasing_swaps_subject_and_object() -> None:
+    rel = {"subject": "m2", "predicate": "is used by", "object": "m1"}
+    (r,) = parse(paper(relationships=[rel])).relationships
+    assert (r.subject_mention_id, r.predicate, r.object_mention_id, r.inverted) == (
+        "m1", "uses", "m2", True)
+
+
+def test_unknown_predicate_becomes_related_to_with_raw_kept() -> None:
+    rel = {"subject": "m1", "predicate": "is reminiscent of", "object": "m2"}
+    (r,) = parse(paper(relationships=[rel])).relationships
+    assert (r.predicate, r.raw_predicate) == ("related_to", "is reminiscent of")
+
+
+def test_content_hash_ignores_formatting_but_not_content() -> None:
+    a = parse(paper())
+    b = parse(None, raw=json.dumps(paper(), indent=None, separators=(", ", ":  ")).encode())
+    c = parse(paper(revision="v2"))
+    assert a.content_hash == b.content_hash != c.content_hash
+    assert a.relationships[0].relationship_id == b.relationships[0].relationship_id
+    assert a.relationships[0].relationship_id != c.relationships[0].relationship_id
+
+
+BAD_RELATIONSHIPS = [
+    ({"subject": "m1", "predicate": "uses", "object": "m9"}, "'m9' is not a mention id"),
+    ({"subject": "m1", "predicate": "uses", "object": "m1"}, "self-loop"),
+    ({"subject": "m1", "predicate": "uses", "object": "m2", "confidence": "0.9"},
+     "confidence: Input should be a valid number (got str)"),
+    ({"subject": "m1", "predicate": "uses", "object": "m2", "confidence": float("nan")},
+     "finite"),
+    ({"subject": "m1", "predicate": "uses", "object": "m2", "confidence": float("inf")},
+     "finite"),
+    ({"subject": "m1", "predicate": "uses", "object": "m2", "confidence": 1.5},
+     "between 0 and 1"),
+    ({"subject": "m1", "predicate": "uses", "object": "m2", "confidence": -0.1},
+     "between 0 and 1"),
+    ({"subject": "m1", "predicate": "uses", "object": "m2", "confidence": True},
+     "valid number"),
+    ({"subject": "m1", "object": "m2"}, "predicate: required field is missing"),
+    ({"subject": "m1", "predicate": "  ", "object": "m2"}, "predicate is empty"),
+    ({"subject": 1, "predicate": "uses", "object": "m2"}, "subject: Input should be a valid"),
+    ({"subject": "m1", "predicate": "uses", "object": "m2", "evidence": "quote"},
+     "evidence"),
+    ({"subject": "m1", "predicate": "uses", "object": "m2", "evidence": {"span": [9, 3]}},
+     "before its start"),
+    ({"subject": "m1", "predicate": "uses", "object": "m2",
+      "evidence": {"quote": "x" * (64 * 1024 + 1)}}, "more than the cap of 65536"),
+    ("not an object", "must be a JSON object, got string"),
+]
+
+
+@pytest.mark.parametrize(("bad", "reason"), BAD_RELATIONSHIPS)
+def test_bad_relationship_is_rejected_alone(bad: Any, reason: str) -> None:
+    good = paper()["relationships"][0]
+    p = parse(paper(relationships=[good, bad]))
+    assert isinstance(p, CheckedPaper)
+    assert len(p.relationships) == 1 and p.relationships[0].index == 0
+    (reject,) = p.rejects
+    assert reject.item == "relationships[1]"
+    assert reason in reject.reason
+    assert reject.reason.startswith("relationships[1]")
+
+
+BAD_MENTIONS = [
+    ({"id": "m3", "type": "method"}, "text: required field is missing"),
+    ({"id": "m3", "text": "  ", "type": "method"}, "text is empty"),
+    ({"id": "m3", "text": "X"}, "type: required field is missing"),
+    ({"id": "m3", "text": "X", "type": ""}, "type is empty"),
+    ({"id": "m3", "text": 42, "type": "method"}, "valid string (got int)"),
+    ({"id": "m3", "text": "x" * 513, "type": "method"}, "513 characters long"),
+    ({"text": "X", "type": "method"}, "id: required field is missing"),
+    ({"id": "m3", "text": "X", "type": "method", "span": [1]}, "span"),
+    ({"id": "m3", "text": "X", "type": "method", "span": [-1, 2]}, "greater than or equal"),
+    ({"id": "m1", "text": "Again", "type": "method"}, "duplicate mention id 'm1'"),
+    (["m3"], "must be a JSON object, got array"),
+]
+
+
+@pytest.mark.parametrize(("bad", "reason"), BAD_MENTIONS)
+def test_bad_mention_is_rejected_alone(bad: Any, reason: str) -> None:
+    p = parse(paper(mentions=[*paper()["mentions"], bad]))
+    assert isinstance(p, CheckedPaper)
+    assert [m.mention_id for m in p.mentions] == ["m1", "m2"]
+    assert len(p.relationships) == 1
+    (reject,) = p.rejects
+    assert reject.item == "mentions[2]"
+    assert reason in reject.reason
+
+
+def test_relationship_on_a_rejected_mention_is_rejected_with_its_reason() -> None:
+    mentions = [*paper()["mentions"], {"id": "m3", "text": "", "type": "method"}]
+    rels = [*paper()["relationships"], {"subject": "m3", "predicate": "uses", "object": "m1"}]
+    p = parse(paper(mentions=mentions, relationships=rels))
+    assert len(p.relationships) == 1
+    assert [r.item for r in p.rejects] == ["mentions[2]", "relationships[1]"]
+    assert "mention 'm3' was rejected (mentions[2])" in p.rejects[1].reason
+
+
+def test_duplicate_relationship_is_rejected() -> None:
+    rel = paper()["relationships"][0]
+    p = parse(paper(relationships=[rel, rel]))
+    assert len(p.relationships) == 1
+    assert "duplicate of relationships[0]" in p.rejects[0].reason
+
+
+def test_caps_on_counts() -> None:
+    limits = Limits(max_mentions=1, max_relationships=0)
+    p = parse(paper(), limits)
+    assert [m.mention_id for m in p.mentions] == ["m1"]
+    assert {r.item for r in p.rejects} == {"mentions[1]", "relationships[0]"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b'{"paper_id": "p1", "mentions": [', "not valid JSON"),
+        (b"\xff\xfe{}", "not valid UTF-8"),
+        (b"[1, 2]", "must be a JSON object, got array"),
+        (b'{"mentions": [], "relationships": []}', "paper.paper_id: required field is missing"),
+        (b'{"paper_id": 7, "mentions": [], "relationships": []}', "paper.paper_id"),
+        (b'{"paper_id": "p", "mentions": {}, "relationships": []}',
+         "paper.mentions: Input should be a valid list (got dict)"),
+        (b'{"paper_id": "p", "mentions": []}', "paper.relationships: required field"),
+        (b'{"paper_id": "p", "revision": 2, "mentions": [], "relationships": []}',
+         "paper.revision"),
+    ],
+)
+def test_bad_lines_are_rejected_whole(raw: bytes, reason: str) -> None:
+    result = parse(None, raw=raw)
+    assert isinstance(result, LineReject)
+    assert result.position == "in.jsonl:7"
+    assert reason in result.reason
+
+
+def test_oversized_line() -> None:
+    line = RawLine("in.jsonl", 3, None, 20_000_000, b'{"paper_id": "big"')
+    result = parse_line(line, vocabulary=default_vocabulary(), limits=Limits())
+    assert isinstance(result, LineReject)
+    assert "20000000 bytes" in result.reason and "16777216" in result.reason
+    assert result.raw.startswith('{"paper_id"')
+
+
+def test_refused_mentions_take_their_relationships_with_them() -> None:
+    p = parse(paper())
+    dropped = drop_refused_mentions(p, {1: "INVALID_ARGUMENT: empty"})
+    assert [m.mention_id for m in dropped.mentions] == ["m1"]
+    assert dropped.relationships == ()
+    assert [r.item for r in dropped.rejects] == ["mentions[1]", "relationships[0]"]
+    assert "identity server refused the mention: INVALID_ARGUMENT: empty" in dropped.rejects[0].reason
