@@ -1,0 +1,271 @@
+"""Properties of SPEC section 2's definitions, and the brute-force oracle for the typo index.
+
+The one-edit oracle below is the spec's sentence written out the slow, obvious way (enumerate
+single edits); the index oracle compares NameIndex.typo_neighbours with a scan of every name.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from identity_server.domain import Entity, Name, NameKind, Status
+from identity_server.index import NameIndex
+from identity_server.normalize import WHITE_SPACE, display_form, key, one_edit_apart
+
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Any code point at all, lone surrogates included (st.text() leaves them out by default).
+any_char = st.one_of(st.characters(codec=None), st.characters(categories=["Cs"]))
+any_text = st.text(any_char, max_size=40)
+# Text rich in the characters the definitions single out.
+tricky_char = st.one_of(
+    st.sampled_from(
+        list("aAbB\u00df\u00e9e\u0301 \t\n\u00a0\u3000\u200b\u200d\u202e\u00ad\x1c\x1f\x85"
+             "-.,#+_!?\u20ac19\u0661\ufb01\u00b2\uff21\u2028")
+    ),
+    st.characters(categories=["Cc", "Cf", "Zs", "Zl", "Zp", "P", "S", "Nd", "M"]),
+)
+tricky_text = st.text(tricky_char, max_size=30)
+
+
+# -- display form and key ------------------------------------------------------------------------
+
+
+@FAST
+@given(st.one_of(any_text, tricky_text))
+def test_display_form_is_idempotent(raw: str) -> None:
+    """Stored names are "kept in display form": the display form of a display form is itself."""
+    once = display_form(raw)
+    assert display_form(once) == once
+
+
+@FAST
+@given(st.one_of(any_text, tricky_text))
+def test_key_is_stable_under_display_form(raw: str) -> None:
+    """A name re-normalised on load keeps its key, so the index never loses it."""
+    once = display_form(raw)
+    assert key(display_form(once)) == key(once)
+
+
+@FAST
+@given(st.one_of(any_text, tricky_text))
+def test_display_form_shape(raw: str) -> None:
+    """No Cc/Cf outside White_Space, White_Space only as single inner spaces, NFKC-normal."""
+    d = display_form(raw)
+    assert d == d.strip(" ")
+    assert "  " not in d
+    for c in d:
+        assert c == " " or c not in WHITE_SPACE
+        assert unicodedata.category(c) not in ("Cc", "Cf")
+    assert unicodedata.normalize("NFKC", d) == d
+
+
+@FAST
+@given(any_text, any_text)
+def test_functions_never_raise(a: str, b: str) -> None:
+    """Any string, lone surrogates included, is normalised and compared without an exception."""
+    da, db = display_form(a), display_form(b)
+    ka, kb = key(da), key(db)
+    assert isinstance(one_edit_apart(ka, kb), bool)
+    assert isinstance(one_edit_apart(a, b), bool)
+
+
+def _is_digit(c: str) -> bool:
+    return unicodedata.category(c) == "Nd"
+
+
+@FAST
+@given(st.one_of(any_text, tricky_text))
+def test_key_has_no_white_space_and_only_allowed_punctuation(raw: str) -> None:
+    """Keys drop White_Space and P* except '#' and a mark standing between two digits."""
+    k = key(display_form(raw))
+    for i, c in enumerate(k):
+        assert c not in WHITE_SPACE
+        if unicodedata.category(c).startswith("P") and c != "#":
+            assert 0 < i < len(k) - 1 and _is_digit(k[i - 1]) and _is_digit(k[i + 1]), (k, i)
+
+
+@FAST
+@given(st.one_of(any_text, tricky_text))
+def test_key_keeps_every_letter_symbol_and_digit(raw: str) -> None:
+    """Only White_Space and punctuation are deleted: every other character survives, in order."""
+    folded = display_form(raw).casefold()
+    kept = [c for c in folded
+            if c not in WHITE_SPACE and not unicodedata.category(c).startswith("P")]
+    k = key(display_form(raw))
+    assert [c for c in k if not unicodedata.category(c).startswith("P")] == kept
+
+
+# -- one edit: the oracle -------------------------------------------------------------------------
+
+
+def _guarded(s: str, i: int) -> bool:
+    """Editing s[i] does not count: it is a digit, or both of its neighbours are digits."""
+    return _is_digit(s[i]) or (0 < i < len(s) - 1 and _is_digit(s[i - 1]) and _is_digit(s[i + 1]))
+
+
+def oracle_one_edit(a: str, b: str) -> bool:
+    """The spec's sentence, enumerated: some single counting edit turns a into b."""
+    for x, y in ((a, b), (b, a)):  # deleting from x, i.e. inserting into y
+        for i in range(len(x)):
+            if x[:i] + x[i + 1 :] == y and not _guarded(x, i):
+                return True
+    if len(a) == len(b):
+        for i in range(len(a)):
+            if a[i] != b[i] and a[:i] + b[i] + a[i + 1 :] == b:
+                if not _guarded(a, i) and not _guarded(b, i):
+                    return True
+            if i + 1 < len(a) and a[i] != a[i + 1]:
+                swapped = a[:i] + a[i + 1] + a[i] + a[i + 2 :]
+                if swapped == b and not any(_guarded(a, j) for j in (i, i + 1)):
+                    return True
+    return False
+
+
+small_key = st.text(st.sampled_from(list("aab12.#\u0661e\u0301")), max_size=7)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(small_key, small_key)
+def test_one_edit_apart_matches_oracle(a: str, b: str) -> None:
+    """one_edit_apart agrees with the enumerated definition on a small, collision-rich alphabet."""
+    assert one_edit_apart(a, b) is oracle_one_edit(a, b)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(small_key, st.integers(0, 8), st.sampled_from(list("ab1.#x")), st.integers(0, 3))
+def test_one_edit_apart_matches_oracle_on_near_pairs(
+    a: str, pos: int, char: str, op: int
+) -> None:
+    """Pairs made by one edit of a: the oracle and the implementation agree on every one."""
+    i = min(pos, len(a))
+    if op == 0:
+        b = a[:i] + char + a[i:]
+    elif op == 1 and a:
+        i = min(i, len(a) - 1)
+        b = a[:i] + a[i + 1 :]
+    elif op == 2 and a:
+        i = min(i, len(a) - 1)
+        b = a[:i] + char + a[i + 1 :]
+    elif len(a) >= 2:
+        i = min(i, len(a) - 2)
+        b = a[:i] + a[i + 1] + a[i] + a[i + 2 :]
+    else:
+        b = a + char
+    assert one_edit_apart(a, b) is oracle_one_edit(a, b)
+
+
+@FAST
+@given(st.one_of(any_text, small_key), st.one_of(any_text, small_key))
+def test_one_edit_apart_is_symmetric(a: str, b: str) -> None:
+    """'between two keys': the relation has no direction."""
+    assert one_edit_apart(a, b) is one_edit_apart(b, a)
+
+
+@FAST
+@given(st.one_of(any_text, small_key))
+def test_equal_keys_are_not_one_edit_apart(a: str) -> None:
+    """Distance 1 excludes distance 0."""
+    assert one_edit_apart(a, a) is False
+
+
+# -- the typo index against a brute-force scan ----------------------------------------------------
+
+name_text = st.text(st.sampled_from(list("abcab12. -#")), min_size=1, max_size=9)
+entity_spec = st.tuples(
+    st.lists(st.tuples(name_text, st.sampled_from(list(NameKind))), min_size=1, max_size=4),
+    st.sampled_from([Status.CANONICAL, Status.PROVISIONAL, Status.MERGED]),
+)
+
+
+def _entity(n: int, spec: tuple[list[tuple[str, NameKind]], Status]) -> Entity:
+    raw_names, status = spec
+    names = []
+    for pos, (raw, kind) in enumerate(raw_names):
+        display = display_form(raw)
+        if display and key(display):
+            names.append(Name(display, kind, pos))
+    return Entity(f"e{n}", "other", status, n,
+                  redirect_to="e0" if status is Status.MERGED else None, names=tuple(names))
+
+
+def brute_force_typo(entities: dict[str, Entity], k: str) -> set[tuple[str, str]]:
+    """(anchor key, entity id) over every live entity's name and aliases, never surface forms."""
+    out: set[tuple[str, str]] = set()
+    for e in entities.values():
+        if e.status is Status.MERGED:
+            continue
+        for n in e.names:
+            if n.kind is NameKind.SURFACE:
+                continue
+            if min(len(n.key), len(k)) >= 4 and one_edit_apart(k, n.key):
+                out.add((n.key, e.entity_id))
+    return out
+
+
+def fast_typo(index: NameIndex, k: str) -> set[tuple[str, str]]:
+    """What matching does with the index: neighbours, verified with one_edit_apart."""
+    return {
+        (anchor, eid)
+        for anchor, ids in index.typo_neighbours(k)
+        if min(len(anchor), len(k)) >= 4 and one_edit_apart(k, anchor)
+        for eid in ids
+    }
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(entity_spec, min_size=1, max_size=25),
+    st.lists(st.tuples(st.sampled_from(["put", "discard"]), st.integers(0, 24), entity_spec),
+             max_size=15),
+    st.lists(name_text, min_size=1, max_size=10),
+)
+def test_typo_index_finds_exactly_what_a_scan_finds(
+    specs: list[tuple[list[tuple[str, NameKind]], Status]],
+    edits: list[tuple[str, int, tuple[list[tuple[str, NameKind]], Status]]],
+    queries: list[str],
+) -> None:
+    """Typo lookup through the deletion neighbourhood equals a scan with one_edit_apart,
+    after any sequence of puts, replacements and discards."""
+    index = NameIndex()
+    truth: dict[str, Entity] = {}
+    for n, spec in enumerate(specs):
+        e = _entity(n, spec)
+        index.put(e)
+        truth[e.entity_id] = e
+    for op, n, spec in edits:
+        if op == "put":
+            e = _entity(n, spec)
+            index.put(e)
+            truth[e.entity_id] = e
+        else:
+            index.discard(f"e{n}")
+            truth.pop(f"e{n}", None)
+    probes = [key(display_form(q)) for q in queries]
+    probes += [n.key for e in truth.values() for n in e.names]
+    for k in probes:
+        assert fast_typo(index, k) == brute_force_typo(truth, k), k
+
+
+def test_typo_index_oracle_on_a_known_case() -> None:
+    """A hand-made case the random one must also get right: a swap, a deletion, a surface form,
+    a digit edit and a short key."""
+    index = NameIndex()
+    entities = {
+        "e1": Entity("e1", "other", Status.CANONICAL, 1,
+                     names=(Name("Transformer", NameKind.NAME, 0),)),
+        "e2": Entity("e2", "other", Status.PROVISIONAL, 2,
+                     names=(Name("Tranformer", NameKind.NAME, 0),
+                            Name("Transfromer", NameKind.SURFACE, 1))),
+        "e3": Entity("e3", "other", Status.CANONICAL, 3,
+                     names=(Name("Transformer1", NameKind.ALIAS, 1),)),
+        "e4": Entity("e4", "other", Status.CANONICAL, 4, names=(Name("Tra", NameKind.NAME, 0),)),
+    }
+    index.put_many(entities.values())
+    assert fast_typo(index, "transfromer") == {("transformer", "e1")}
+    assert fast_typo(index, "transformer") == {("tranformer", "e2")}
+    assert fast_typo(index, "trab") == set()
+    assert brute_force_typo(entities, "transfromer") == {("transformer", "e1")}
