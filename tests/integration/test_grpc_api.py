@@ -1,0 +1,780 @@
+"""Every IdentityService RPC over a real server on a loopback port (SPEC sections 2-5).
+
+Each test gets a fresh server on a fresh SQLite file (the `server`/`stub` fixtures), so the
+state a test sees is only what it made. Every call carries a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from identity_api.v1 import identity_service_pb2 as pb
+from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+from identity_server.server import RunningServer, start_server
+from identity_server.settings import Settings
+
+from tests.conftest import ADMIN, ADMIN_TOKEN
+T = 10.0  # deadline of every call, in seconds
+
+Stub = pb_grpc.IdentityServiceStub
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def resolve(stub: Stub, mention: str, entity_type: str = "", *, context_id: str = "",
+            lookup_only: bool = False) -> pb.ResolveResponse:
+    return stub.Resolve(
+        pb.ResolveRequest(mention=mention, entity_type=entity_type, context_id=context_id,
+                          lookup_only=lookup_only),
+        timeout=T,
+    )
+
+
+def get(stub: Stub, entity_id: str) -> pb.Entity:
+    return stub.GetEntity(pb.GetEntityRequest(entity_id=entity_id), timeout=T).entity
+
+
+def chunked(data: bytes, size: int,
+            fmt: int = pb.AUTHORITY_FORMAT_UNSPECIFIED) -> Iterator[pb.ImportAuthorityRequest]:
+    for i in range(0, max(len(data), 1), size):
+        yield pb.ImportAuthorityRequest(format=fmt if i == 0 else 0, data=data[i : i + size])
+
+
+def jsonl(records: Iterable[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+
+
+def import_data(stub: Stub, data: bytes, *, size: int = 4096,
+                fmt: int = pb.AUTHORITY_FORMAT_UNSPECIFIED) -> pb.ImportAuthorityResponse:
+    return stub.ImportAuthority(chunked(data, size, fmt), metadata=ADMIN, timeout=T)
+
+
+def import_records(stub: Stub, *records: dict[str, Any]) -> pb.ImportAuthorityResponse:
+    report = import_data(stub, jsonl(records), fmt=pb.AUTHORITY_FORMAT_JSONL)
+    assert list(report.errors) == []
+    return report
+
+
+def rec(entity_id: str, name: str, entity_type: str, *aliases: str) -> dict[str, Any]:
+    return {"id": entity_id, "name": name, "type": entity_type, "aliases": list(aliases)}
+
+
+def fails(call: Callable[[], Any]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value
+
+
+def changes(stub: Stub, after: int = 0, limit: int = 0) -> list[pb.Change]:
+    stream = stub.ListChanges(pb.ListChangesRequest(after_sequence=after, limit=limit), timeout=T)
+    return [r.change for r in stream]
+
+
+def links(stub: Stub, entity_id: str = "") -> set[frozenset[str]]:
+    reply = stub.ListPossiblySameAs(
+        pb.ListPossiblySameAsRequest(entity_id=entity_id, page_size=1000), timeout=T
+    )
+    assert reply.next_page_token == ""
+    return {frozenset((link.entity_id, link.other_id)) for link in reply.links}
+
+
+def settle(stub: Stub, a: str, b: str, decision: int, *, actor: str = "curator@example.org",
+           reason: str = "checked the sources") -> pb.Entity:
+    return stub.SettlePossiblySameAs(
+        pb.SettlePossiblySameAsRequest(entity_id=a, other_id=b, decision=decision, actor=actor,
+                                       reason=reason),
+        metadata=ADMIN, timeout=T,
+    ).entity
+
+
+def merge(stub: Stub, source: str, target: str) -> pb.Entity:
+    return stub.Merge(pb.MergeRequest(source_id=source, target_id=target), metadata=ADMIN,
+                      timeout=T).entity
+
+
+def promote(stub: Stub, entity_id: str) -> pb.Entity:
+    return stub.Promote(pb.PromoteRequest(entity_id=entity_id), metadata=ADMIN, timeout=T).entity
+
+
+def add_alias(stub: Stub, entity_id: str, alias: str) -> pb.Entity:
+    return stub.AddAlias(pb.AddAliasRequest(entity_id=entity_id, alias=alias), metadata=ADMIN,
+                         timeout=T).entity
+
+
+# -- Resolve ----------------------------------------------------------------------------------
+
+
+def test_resolve_creates_a_provisional_entity_then_finds_it_exactly(stub: Stub) -> None:
+    first = resolve(stub, "  Ada\u200b   Lovelace ", "Person", context_id="paper-1")
+    assert first.match_kind == pb.NEW and first.created
+    assert first.status == pb.PROVISIONAL and first.entity_id
+    assert first.display_form == "Ada Lovelace" and first.name == "Ada Lovelace"
+    assert first.entity_type == "person"
+    assert list(first.candidates) == [] and first.matched_name == ""
+
+    again = resolve(stub, "Ada Lovelace", "person", context_id="paper-2")
+    assert again.entity_id == first.entity_id
+    assert again.match_kind == pb.EXACT and not again.created
+    assert list(again.candidates) == [first.entity_id]
+    assert again.matched_name == "Ada Lovelace"
+
+    entity = get(stub, first.entity_id)
+    assert entity.status == pb.PROVISIONAL and entity.name == "Ada Lovelace"
+    assert list(entity.surface_forms) == []  # the name itself is not recorded again
+    assert (entity.evidence_count, entity.paper_count) == (2, 2)
+
+
+def test_resolve_reports_every_match_kind_on_the_wire(stub: Stub) -> None:
+    import_records(stub, rec("Q-MEM", "Mem-Castle", "method", "Memory Castle"))
+
+    case = resolve(stub, "mem-castle", "method")
+    assert (case.entity_id, case.match_kind, case.matched_name) == ("Q-MEM", pb.CASE, "Mem-Castle")
+    assert case.status == pb.CANONICAL and not case.created
+    assert list(case.candidates) == ["Q-MEM"]
+
+    punct = resolve(stub, "Mem Castle", "method")
+    assert (punct.entity_id, punct.match_kind) == ("Q-MEM", pb.PUNCTUATION)
+    assert punct.matched_name == "Mem-Castle"  # the name comes before surface forms
+
+    exact_alias = resolve(stub, "Memory Castle", "method")
+    assert (exact_alias.match_kind, exact_alias.matched_name) == (pb.ALIAS, "Memory Castle")
+    case_alias = resolve(stub, "MEMORY CASTLE", "method")
+    assert (case_alias.entity_id, case_alias.match_kind) == ("Q-MEM", pb.ALIAS)
+
+    typo = resolve(stub, "Memory Casle", "method")
+    assert (typo.entity_id, typo.match_kind, typo.matched_name) == (
+        "Q-MEM", pb.TYPO, "Memory Castle")
+
+    surfaces = list(get(stub, "Q-MEM").surface_forms)
+    assert surfaces == ["mem-castle", "Mem Castle", "MEMORY CASTLE", "Memory Casle"]
+
+    # A surface form is never a typo anchor: one edit from "Memory Casle", two from the alias.
+    drift = resolve(stub, "Memory Casl", "method")
+    assert drift.match_kind == pb.NEW and drift.entity_id != "Q-MEM"
+    assert list(drift.candidates) == [] and list(drift.possibly_same_as) == []
+
+
+def test_resolve_ranks_candidates_by_type_then_status(stub: Stub) -> None:
+    import_records(stub, rec("T-ORION", "Orion", "tool"))
+    place = resolve(stub, "Orion", "place")  # the tool is incompatible with a place
+    assert place.match_kind == pb.NEW and place.created and place.entity_type == "place"
+
+    wildcard = resolve(stub, "Orion", "")  # `other` matches both; canonical first
+    assert (wildcard.entity_id, wildcard.match_kind) == ("T-ORION", pb.EXACT)
+    assert list(wildcard.candidates) == ["T-ORION", place.entity_id]
+
+    again = resolve(stub, "Orion", "place")
+    assert (again.entity_id, again.match_kind) == (place.entity_id, pb.EXACT)
+    assert list(again.candidates) == [place.entity_id]
+
+
+def test_resolve_types_unknown_as_other_and_upgrades_only_provisional_other(stub: Stub) -> None:
+    untyped = resolve(stub, "Zeta Widget", "Spaceship")
+    assert untyped.entity_type == "other"
+    typed = resolve(stub, "Zeta Widget", " TOOL ")
+    assert (typed.entity_id, typed.match_kind) == (untyped.entity_id, pb.EXACT)
+    assert typed.entity_type == "tool" and get(stub, typed.entity_id).entity_type == "tool"
+
+    import_records(stub, rec("Q-OMEGA", "Omega Core", "other"))
+    hit = resolve(stub, "Omega Core", "method")
+    assert hit.entity_id == "Q-OMEGA" and hit.entity_type == "other"
+    assert get(stub, "Q-OMEGA").entity_type == "other"  # authority types are never upgraded
+
+
+def test_ambiguous_mentions_share_one_placeholder_linked_to_every_best_candidate(
+    stub: Stub,
+) -> None:
+    import_records(stub, rec("P-1", "Jordan Smith", "person"), rec("P-2", "Jordan Smith", "person"))
+    first = resolve(stub, "Jordan Smith", "person")
+    assert first.match_kind == pb.AMBIGUOUS and first.created
+    assert first.entity_id not in ("P-1", "P-2") and first.status == pb.PROVISIONAL
+    assert list(first.candidates) == ["P-1", "P-2"]
+    assert sorted(first.possibly_same_as) == ["P-1", "P-2"]
+    assert first.matched_name == "Jordan Smith" and first.entity_type == "person"
+    placeholder = get(stub, first.entity_id)
+    assert placeholder.placeholder and placeholder.name == "Jordan Smith"
+
+    second = resolve(stub, "Jordan Smith", "person")
+    assert (second.entity_id, second.match_kind, second.created) == (
+        first.entity_id, pb.AMBIGUOUS, False)
+
+    # A candidate that appears later is linked to the same placeholder.
+    import_records(stub, rec("P-3", "Jordan Smith", "person"))
+    third = resolve(stub, "Jordan Smith", "person")
+    assert third.entity_id == first.entity_id and third.match_kind == pb.AMBIGUOUS
+    # Every candidate of the deciding rule, best rank first: the placeholder (provisional) last.
+    assert list(third.candidates) == ["P-1", "P-2", "P-3", first.entity_id]
+    assert links(stub, first.entity_id) == {
+        frozenset((first.entity_id, p)) for p in ("P-1", "P-2", "P-3")
+    }
+
+    look = resolve(stub, "Jordan Smith", "person", lookup_only=True)
+    assert (look.entity_id, look.match_kind) == (first.entity_id, pb.AMBIGUOUS)
+
+
+def test_weak_candidates_make_a_new_entity_linked_to_them(stub: Stub) -> None:
+    import_records(stub, rec("C-AI", "AI", "concept"), rec("P-MARIA", "Maria", "person"),
+                   rec("T-WIN", "Windows 10", "tool"), rec("C-CAT", "Cat", "concept"))
+    short_key = resolve(stub, "A.I.", "concept")
+    assert short_key.match_kind == pb.NEW and short_key.created
+    assert list(short_key.candidates) == ["C-AI"] and list(short_key.possibly_same_as) == ["C-AI"]
+    assert short_key.matched_name == "AI"
+
+    short_typo = resolve(stub, "Mario", "person")
+    assert short_typo.match_kind == pb.NEW and short_typo.entity_id != "P-MARIA"
+    assert list(short_typo.possibly_same_as) == ["P-MARIA"]
+    assert links(stub, short_typo.entity_id) == {frozenset((short_typo.entity_id, "P-MARIA"))}
+
+    for mention, etype in (("Windows 11", "tool"), ("Cot", "concept")):
+        other = resolve(stub, mention, etype)  # a digit edit; a key under 4 characters
+        assert other.match_kind == pb.NEW, mention
+        assert list(other.candidates) == [] and list(other.possibly_same_as) == [], mention
+
+
+def test_a_strong_typo_outranks_a_weak_one(stub: Stub) -> None:
+    import_records(stub, rec("P-MARIA", "Maria", "person"), rec("P-MARIASZ", "Mariasz", "person"))
+    hit = resolve(stub, "Marias", "person")  # 1 edit from both; only "marias"/"mariasz" is strong
+    assert (hit.entity_id, hit.match_kind, hit.matched_name) == ("P-MARIASZ", pb.TYPO, "Mariasz")
+    assert list(hit.candidates) == ["P-MARIASZ"] and list(hit.possibly_same_as) == []
+
+
+def test_lookup_only_writes_nothing(stub: Stub) -> None:
+    made = resolve(stub, "Zeta Widget", "", context_id="paper-1")
+    before = changes(stub)
+
+    look = resolve(stub, "zeta widget", "tool", context_id="paper-2", lookup_only=True)
+    assert (look.entity_id, look.match_kind, look.created) == (made.entity_id, pb.CASE, False)
+    assert list(look.possibly_same_as) == []
+
+    new = resolve(stub, "Brand New Thing", "tool", context_id="paper-2", lookup_only=True)
+    assert new.match_kind == pb.NEW and new.entity_id == "" and not new.created
+    assert new.status == pb.ENTITY_STATUS_UNSPECIFIED
+    assert new.display_form == "Brand New Thing"
+
+    import_records(stub, rec("P-1", "Jordan Smith", "person"), rec("P-2", "Jordan Smith", "person"))
+    before = changes(stub)
+    amb = resolve(stub, "Jordan Smith", "person", lookup_only=True)
+    assert amb.match_kind == pb.AMBIGUOUS and amb.entity_id == ""
+    assert list(amb.candidates) == ["P-1", "P-2"] and list(amb.possibly_same_as) == []
+
+    assert changes(stub) == before
+    entity = get(stub, made.entity_id)
+    assert list(entity.surface_forms) == [] and entity.entity_type == "other"
+    assert entity.evidence_count == 1
+    # The creating call that lookup-only previewed really creates.
+    assert resolve(stub, "Brand New Thing", "tool").created
+
+
+@pytest.mark.parametrize(
+    "mention",
+    ["", "   ", "\u200b\u200e", "...", "-- !", "x" * 513, "é" * 300 + " " + "e\u0301" * 300],
+)
+def test_resolve_refuses_an_empty_or_oversized_mention(stub: Stub, mention: str) -> None:
+    err = fails(lambda: resolve(stub, mention, "other"))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details()
+
+
+def test_resolve_accepts_a_mention_of_exactly_512_code_points(stub: Stub) -> None:
+    mention = "ab" * 256
+    assert resolve(stub, mention).display_form == mention
+
+
+# -- ResolveBatch ------------------------------------------------------------------------------
+
+
+BATCH = [
+    ("Quantum Widget", "tool"),
+    ("", "tool"),
+    ("quantum widget", "tool"),
+    ("x" * 513, ""),
+    ("Quantum-Widget", "tool"),
+    ("Quantum Widgit", "tool"),
+    ("?!", "other"),
+    ("Ada Lovelace", "person"),
+]
+
+
+def batch(stub: Stub, mentions: list[tuple[str, str]], *, context_id: str = "paper-1",
+          lookup_only: bool = False) -> pb.ResolveBatchResponse:
+    return stub.ResolveBatch(
+        pb.ResolveBatchRequest(
+            context_id=context_id, lookup_only=lookup_only,
+            mentions=[pb.Mention(mention=m, entity_type=t) for m, t in mentions],
+        ),
+        timeout=T,
+    )
+
+
+def test_batch_keeps_order_reports_item_errors_and_sees_its_own_writes(stub: Stub) -> None:
+    reply = batch(stub, BATCH)
+    r = reply.results
+    assert len(r) == len(BATCH)
+    assert [x.WhichOneof("outcome") for x in r] == [
+        "resolved", "error", "resolved", "error", "resolved", "resolved", "error", "resolved"]
+    for i in (1, 3, 6):
+        assert r[i].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] == 3
+        assert r[i].error.message
+    first = r[0].resolved
+    assert first.match_kind == pb.NEW and first.created
+    assert [(x.resolved.entity_id, x.resolved.match_kind) for x in (r[2], r[4], r[5])] == [
+        (first.entity_id, pb.CASE), (first.entity_id, pb.PUNCTUATION), (first.entity_id, pb.TYPO)]
+    assert r[7].resolved.match_kind == pb.NEW and r[7].resolved.display_form == "Ada Lovelace"
+    entity = get(stub, first.entity_id)
+    assert (entity.evidence_count, entity.paper_count) == (4, 1)
+
+
+def test_batch_equals_resolving_one_at_a_time(stub: Stub, tmp_path: Path) -> None:
+    replies = batch(stub, BATCH).results
+    other = start_server(Settings(db_url=f"sqlite:///{tmp_path / 'one.sqlite'}", port=0))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{other.port}") as ch:
+            single = Stub(ch)
+            for reply, (mention, etype) in zip(replies, BATCH, strict=True):
+                try:
+                    one = resolve(single, mention, etype, context_id="paper-1")
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    assert reply.WhichOneof("outcome") == "error"
+                else:
+                    assert reply.resolved == one
+    finally:
+        other.stop(grace=0)
+
+
+def test_batch_over_5000_mentions_is_refused_whole(stub: Stub) -> None:
+    mentions = [(f"thing {i}", "other") for i in range(5001)]
+    err = fails(lambda: batch(stub, mentions))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert changes(stub) == []  # nothing of it was written
+    assert len(batch(stub, mentions[:5000], lookup_only=True).results) == 5000
+
+
+def test_lookup_only_batch_writes_nothing(stub: Stub) -> None:
+    made = resolve(stub, "Quantum Widget", "tool")
+    before = changes(stub)
+    reply = batch(stub, [("Brand New Thing", "tool"), ("Brand New Thing", "tool"),
+                         ("quantum widget", "tool"), ("", "tool")], lookup_only=True)
+    r = reply.results
+    # Nothing is written, so the second item cannot find the first.
+    assert [(x.resolved.entity_id, x.resolved.match_kind) for x in r[:3]] == [
+        ("", pb.NEW), ("", pb.NEW), (made.entity_id, pb.CASE)]
+    assert r[3].error.code == 3
+    assert changes(stub) == before
+    assert get(stub, made.entity_id).evidence_count == 0
+
+
+# -- GetEntity ----------------------------------------------------------------------------------
+
+
+def test_get_entity_unknown_id_is_not_found(stub: Stub) -> None:
+    assert fails(lambda: get(stub, "no-such-id")).code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_get_entity_on_a_merged_id_redirects_to_the_end_of_the_chain(stub: Stub) -> None:
+    a = resolve(stub, "Graph Alpha", "tool", context_id="paper-1").entity_id
+    b = resolve(stub, "Graph Beta", "tool", context_id="paper-2").entity_id
+    c = resolve(stub, "Graph Gamma", "tool").entity_id
+    merge(stub, a, b)
+    merge(stub, b, c)
+    for merged in (a, b):
+        entity = get(stub, merged)
+        assert entity.status == pb.MERGED and entity.redirect_to == c
+        assert entity.name == ""
+    live = get(stub, c)
+    assert live.status == pb.PROVISIONAL and live.redirect_to == ""
+    assert list(live.surface_forms) == ["Graph Beta", "Graph Alpha"]
+    assert (live.evidence_count, live.paper_count) == (2, 2)
+    assert resolve(stub, "Graph Alpha", "tool").entity_id == c
+
+
+# -- AddAlias, Promote, Merge ------------------------------------------------------------------
+
+
+def test_add_alias_makes_a_typo_anchor(stub: Stub) -> None:
+    made = resolve(stub, "Gizmo Kernel", "method")
+    entity = add_alias(stub, made.entity_id, "  Kernel\u00a0of Gizmos ")
+    assert list(entity.aliases) == ["Kernel of Gizmos"]
+    hit = resolve(stub, "kernel of gizmos", "method")
+    assert (hit.entity_id, hit.match_kind) == (made.entity_id, pb.ALIAS)
+    typo = resolve(stub, "Kernel of Gizmoz", "method")
+    assert (typo.entity_id, typo.match_kind, typo.matched_name) == (
+        made.entity_id, pb.TYPO, "Kernel of Gizmos")
+
+    assert fails(lambda: add_alias(stub, made.entity_id, " .. ")).code() == (
+        grpc.StatusCode.INVALID_ARGUMENT)
+    assert fails(lambda: add_alias(stub, "no-such-id", "X Y Z")).code() == (
+        grpc.StatusCode.NOT_FOUND)
+
+
+def test_promote_keeps_the_id_and_is_a_no_op_on_canonical(stub: Stub) -> None:
+    made = resolve(stub, "Gizmo Kernel", "method", context_id="paper-1")
+    promoted = promote(stub, made.entity_id)
+    assert (promoted.entity_id, promoted.status) == (made.entity_id, pb.CANONICAL)
+    assert promoted.evidence_count == 1
+    n = len(changes(stub))
+    assert promote(stub, made.entity_id).status == pb.CANONICAL
+    assert len(changes(stub)) == n
+    hit = resolve(stub, "Gizmo Kernel", "method")
+    assert (hit.entity_id, hit.status) == (made.entity_id, pb.CANONICAL)
+    assert fails(lambda: promote(stub, "no-such-id")).code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_merge_moves_names_and_evidence_and_admin_calls_follow_redirects(stub: Stub) -> None:
+    import_records(stub, rec("T-GE", "Graph Engine", "tool"),
+                   rec("T-GM", "Graph Motor", "tool", "GMotor"))
+    prov = resolve(stub, "Grph Engn", "tool", context_id="paper-1").entity_id
+
+    target = merge(stub, prov, "T-GE")
+    assert target.entity_id == "T-GE" and target.status == pb.CANONICAL
+    assert "Grph Engn" in target.surface_forms and "Grph Engn" not in target.aliases
+    assert target.evidence_count == 1
+    merged = get(stub, prov)
+    assert (merged.status, merged.redirect_to) == (pb.MERGED, "T-GE")
+    # A provisional name became a surface form, not a typo anchor.
+    assert resolve(stub, "Grph Engn", "tool").entity_id == "T-GE"
+    assert resolve(stub, "Grph Engnn", "tool").match_kind == pb.NEW
+
+    target = merge(stub, "T-GM", "T-GE")  # a canonical name becomes an alias
+    assert {"Graph Motor", "GMotor"} <= set(target.aliases)
+    assert resolve(stub, "Graph Motr", "tool").entity_id == "T-GE"
+    n = len(changes(stub))
+    assert merge(stub, "T-GM", "T-GE").entity_id == "T-GE"  # merging again is a no-op
+    assert len(changes(stub)) == n
+
+    after = add_alias(stub, prov, "GE Tool")  # acts on the entity it redirects to
+    assert after.entity_id == "T-GE" and "GE Tool" in after.aliases
+
+
+def test_merge_preconditions(stub: Stub) -> None:
+    import_records(stub, rec("T-GE", "Graph Engine", "tool"))
+    prov_tool = resolve(stub, "Widget Maker", "tool").entity_id
+    prov_person = resolve(stub, "Jane Roe", "person").entity_id
+    for source, target in (("T-GE", prov_tool), (prov_person, "T-GE"), (prov_tool, prov_tool),
+                           ("T-GE", "T-GE")):
+        err = fails(lambda: merge(stub, source, target))  # noqa: B023
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, (source, target)
+        assert err.details()
+    assert fails(lambda: merge(stub, "no-such-id", "T-GE")).code() == grpc.StatusCode.NOT_FOUND
+    assert get(stub, "T-GE").status == pb.CANONICAL
+    assert get(stub, prov_tool).status == pb.PROVISIONAL
+
+
+def test_provisional_entities_are_promoted_after_the_configured_paper_count(db_url: str) -> None:
+    running = start_server(Settings(db_url=db_url, port=0, promote_after_papers=2))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            stub = Stub(ch)
+            first = resolve(stub, "Gizmo Kernel", "method", context_id="paper-1")
+            again = resolve(stub, "Gizmo Kernel", "method", context_id="paper-1")
+            assert again.status == pb.PROVISIONAL  # one paper, twice
+            third = resolve(stub, "gizmo kernel", "method", context_id="paper-2")
+            assert third.entity_id == first.entity_id and third.status == pb.CANONICAL
+            assert get(stub, first.entity_id).status == pb.CANONICAL
+            kinds = [c.kind for c in changes(stub)]
+            assert kinds.count(pb.CHANGE_KIND_PROMOTED) == 1
+    finally:
+        running.stop(grace=0)
+
+
+# -- ListPossiblySameAs, SettlePossiblySameAs -------------------------------------------------
+
+
+def test_links_are_read_through_redirects(stub: Stub) -> None:
+    import_records(stub, rec("P-MARIA", "Maria", "person"))
+    mario = resolve(stub, "Mario", "person").entity_id
+    rossi = resolve(stub, "Mario Rossi", "person").entity_id
+    merge(stub, mario, rossi)
+    assert links(stub) == {frozenset((rossi, "P-MARIA"))}
+    assert links(stub, mario) == {frozenset((rossi, "P-MARIA"))}
+    assert settle(stub, mario, "P-MARIA", pb.DISTINCT).entity_id == rossi
+    assert links(stub) == set()
+    assert fails(lambda: merge(stub, rossi, "P-MARIA")).code() == (
+        grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def test_list_possibly_same_as_pages(stub: Stub) -> None:
+    import_records(stub, rec("C-AI", "AI", "concept"))
+    made = [resolve(stub, m, "concept").entity_id for m in ("A.I.", "A-I", "A I", "A_I", "A/I")]
+    assert len(set(made)) == 5
+    expected = {frozenset((m, "C-AI")) for m in made}
+
+    seen: list[frozenset[str]] = []
+    sizes = []
+    token = ""
+    for _ in range(10):
+        page = stub.ListPossiblySameAs(
+            pb.ListPossiblySameAsRequest(page_size=2, page_token=token), timeout=T)
+        sizes.append(len(page.links))
+        seen += [frozenset((x.entity_id, x.other_id)) for x in page.links]
+        assert all(x.sequence > 0 for x in page.links)
+        token = page.next_page_token
+        if not token:
+            break
+    assert sizes == [2, 2, 1]
+    assert len(seen) == 5 and set(seen) == expected
+    assert links(stub) == expected and links(stub, "C-AI") == expected
+    assert links(stub, made[0]) == {frozenset((made[0], "C-AI"))}
+
+    bad = fails(lambda: stub.ListPossiblySameAs(
+        pb.ListPossiblySameAsRequest(page_token="not a token"), timeout=T))
+    assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_settle_same_merges_into_the_better_ranked_entity(stub: Stub) -> None:
+    older = resolve(stub, "Maria", "person", context_id="paper-1").entity_id
+    newer = resolve(stub, "Mario", "person", context_id="paper-2").entity_id
+    assert links(stub) == {frozenset((older, newer))}
+    result = settle(stub, newer, older, pb.SAME)
+    assert result.entity_id == older and result.evidence_count == 2
+    assert (get(stub, newer).status, get(stub, newer).redirect_to) == (pb.MERGED, older)
+    assert links(stub) == set()
+
+    import_records(stub, rec("P-1", "Jordan Smith", "person"), rec("P-2", "Jordan Smith", "person"))
+    placeholder = resolve(stub, "Jordan Smith", "person").entity_id
+    result = settle(stub, placeholder, "P-2", pb.SAME)  # canonical before placeholder
+    assert result.entity_id == "P-2"
+    assert get(stub, placeholder).redirect_to == "P-2"
+
+
+def test_settle_distinct_is_sticky(stub: Stub) -> None:
+    import_records(stub, rec("P-MARIA", "Maria", "person"))
+    mario = resolve(stub, "Mario", "person").entity_id
+    assert links(stub, mario) == {frozenset((mario, "P-MARIA"))}
+    assert settle(stub, mario, "P-MARIA", pb.DISTINCT).entity_id == mario
+    assert links(stub) == set()
+
+    err = fails(lambda: merge(stub, mario, "P-MARIA"))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    err = fails(lambda: settle(stub, mario, "P-MARIA", pb.SAME))  # no open link any more
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    # The authority now names P-MARIA "Mario": the import would merge the provisional "Mario"
+    # into it (rule 3 converges), but a person called the pair distinct.
+    report = import_records(stub, rec("P-MARIA", "Mario", "person"))
+    assert (report.updated, report.merged) == (1, 0)
+    assert get(stub, mario).status == pb.PROVISIONAL
+    assert links(stub) == set()
+
+
+def test_settle_refusals(stub: Stub) -> None:
+    import_records(stub, rec("P-MARIA", "Maria", "person"))
+    mario = resolve(stub, "Mario", "person").entity_id
+    stranger = resolve(stub, "Someone Else", "person").entity_id
+    err = fails(lambda: settle(stub, mario, stranger, pb.SAME))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    for kwargs in ({"actor": ""}, {"reason": "  "}):
+        err = fails(lambda: settle(stub, mario, "P-MARIA", pb.SAME, **kwargs))  # noqa: B023
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, kwargs
+    err = fails(lambda: settle(stub, mario, "P-MARIA", pb.DECISION_UNSPECIFIED))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert links(stub) == {frozenset((mario, "P-MARIA"))}  # nothing was settled
+    assert get(stub, mario).status == pb.PROVISIONAL
+
+
+# -- ImportAuthority --------------------------------------------------------------------------
+
+
+def _jsonl_file(prov_id: str) -> bytes:
+    lines = [
+        json.dumps(rec("Q-TODAI", "東京大学", "organization", "Tōdai", "東大"), ensure_ascii=False),
+        json.dumps(rec("Q-UZH", "Universität Zürich", "Organization"), ensure_ascii=False),
+        '{"id": "Q-BROKEN", "name": ',
+        "",
+        json.dumps(rec("Q-SHIP", "Enterprise", "spaceship")),
+        json.dumps(rec("Q-NOTYPE", "Nothing", "")),
+        json.dumps(rec(prov_id, "Stolen Id", "other")),
+        json.dumps(rec("Q-CAFE", "Café 🚀 Ωmega", "other"), ensure_ascii=False) + "\r",
+    ]
+    return "\n".join(lines).encode("utf-8")  # no newline at the end
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1 << 16])
+def test_import_jsonl_in_chunks_that_split_lines_and_characters(stub: Stub, size: int) -> None:
+    prov_id = resolve(stub, "Stolen Id", "other").entity_id
+    report = import_data(stub, _jsonl_file(prov_id), size=size)
+    assert (report.imported, report.created, report.updated) == (3, 3, 0)
+    assert [e.line for e in report.errors] == [3, 5, 6, 7]
+    assert all(e.message for e in report.errors)
+    todai = get(stub, "Q-TODAI")
+    assert (todai.name, list(todai.aliases), todai.status) == (
+        "東京大学", ["Tōdai", "東大"], pb.CANONICAL)
+    assert get(stub, "Q-UZH").entity_type == "organization"
+    assert get(stub, "Q-CAFE").name == "Café 🚀 Ωmega"
+    assert resolve(stub, "東大", "organization").match_kind == pb.ALIAS
+    assert get(stub, prov_id).status == pb.PROVISIONAL
+    for missing in ("Q-BROKEN", "Q-SHIP", "Q-NOTYPE"):
+        assert fails(lambda: get(stub, missing)).code() == grpc.StatusCode.NOT_FOUND  # noqa: B023
+
+
+@pytest.mark.parametrize("size", [2, 5, 1 << 16])
+def test_import_csv_with_bom_quotes_and_refused_rows(stub: Stub, size: int) -> None:
+    text = (
+        "id,name,type,aliases\r\n"
+        'C-1,"Smith, Jane",person,J. Smith|Jane Smith\r\n'
+        "C-2,Mem-Castle,method,\r\n"
+        "C-3,Bad Type,spaceship,\r\n"
+        "C-4,Zoë Ångström,person,Zoe Angstrom\r\n"
+        "C-5,Too,many,fields,here\r\n"
+    )
+    data = "\ufeff".encode() + text.encode("utf-8")
+    report = import_data(stub, data, size=size, fmt=pb.AUTHORITY_FORMAT_CSV)
+    assert (report.imported, report.created) == (3, 3)
+    # Line numbers count the header; the order of the errors is not part of the contract.
+    assert sorted(e.line for e in report.errors) == [4, 6]
+    smith = get(stub, "C-1")
+    assert (smith.name, list(smith.aliases)) == ("Smith, Jane", ["J. Smith", "Jane Smith"])
+    assert get(stub, "C-4").name == "Zoë Ångström"
+    assert resolve(stub, "zoe angstrom", "person").entity_id == "C-4"
+
+
+@pytest.mark.parametrize(
+    "data", [b'{"id": "Q-1", "name": "caf\xe9", "type": "other"}\n', "東京".encode()[:-1]]
+)
+def test_import_refuses_invalid_utf8(stub: Stub, data: bytes) -> None:
+    err = fails(lambda: import_data(stub, data, size=3))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details()
+
+
+def test_import_merges_or_links_provisional_entities_and_replaces_records(stub: Stub) -> None:
+    deep = resolve(stub, "Deep-Net", "method", context_id="paper-1").entity_id
+    lake = resolve(stub, "Data-Lake", "dataset").entity_id
+    report = import_records(stub, rec("Q-DN", "DeepNet", "method"),
+                            rec("Q-DL1", "DataLake", "dataset"), rec("Q-DL2", "Data Lake", "dataset"))
+    assert (report.created, report.merged, report.linked) == (3, 1, 1)
+    assert (get(stub, deep).status, get(stub, deep).redirect_to) == (pb.MERGED, "Q-DN")
+    assert get(stub, "Q-DN").evidence_count == 1
+    assert get(stub, lake).status == pb.PROVISIONAL
+    assert links(stub, lake) == {frozenset((lake, "Q-DL1")), frozenset((lake, "Q-DL2"))}
+
+    add_alias(stub, "Q-DN", "Curated DN")
+    report = import_records(stub, rec("Q-DN", "Deep Network", "method", "DNet"))
+    assert (report.imported, report.created, report.updated) == (1, 0, 1)
+    entity = get(stub, "Q-DN")
+    assert entity.name == "Deep Network"
+    assert {"DeepNet", "Curated DN", "DNet"} <= set(entity.aliases)
+
+
+# -- ListChanges ------------------------------------------------------------------------------
+
+
+def test_list_changes_covers_every_kind_gaplessly(stub: Stub) -> None:
+    alpha = resolve(stub, "Alpha Thing", "").entity_id                      # created
+    resolve(stub, "alpha thing", "tool")                                    # surface, type
+    add_alias(stub, alpha, "Alpha Gadget")                                  # alias added
+    promote(stub, alpha)                                                    # promoted
+    import_records(stub, rec("P-MARIA", "Maria", "person"))                 # imported
+    mario = resolve(stub, "Mario", "person").entity_id                      # link added
+    settle(stub, mario, "P-MARIA", pb.DISTINCT)                             # link settled
+    beta = resolve(stub, "Beta Thing", "tool").entity_id
+    merge(stub, beta, alpha)                                                # merged
+
+    feed = changes(stub)
+    assert [c.sequence for c in feed] == list(range(1, len(feed) + 1))
+    kinds = {c.kind for c in feed}
+    assert kinds == set(pb.ChangeKind.values()) - {pb.CHANGE_KIND_UNSPECIFIED}
+    by_kind = {c.kind: c for c in feed}
+    assert by_kind[pb.CHANGE_KIND_TYPE_UPGRADED].entity_id == alpha
+    assert by_kind[pb.CHANGE_KIND_PROMOTED].entity_id == alpha
+    assert by_kind[pb.CHANGE_KIND_IMPORTED].entity_id == "P-MARIA"
+    merged = by_kind[pb.CHANGE_KIND_MERGED]
+    assert (merged.entity_id, merged.other_id) == (beta, alpha)
+    link = by_kind[pb.CHANGE_KIND_LINK_ADDED]
+    assert {link.entity_id, link.other_id} == {mario, "P-MARIA"}
+    settled = json.loads(by_kind[pb.CHANGE_KIND_LINK_SETTLED].detail)
+    assert {"curator@example.org", "checked the sources"} <= set(settled.values())
+    surface = by_kind[pb.CHANGE_KIND_SURFACE_FORM_ADDED]
+    assert "alpha thing" in json.loads(surface.detail).values()
+    for c in feed:
+        assert isinstance(json.loads(c.detail), dict)
+        assert c.recorded_at.endswith("Z") and datetime.fromisoformat(c.recorded_at)
+
+    assert [c.sequence for c in changes(stub, after=4)] == list(range(5, len(feed) + 1))
+    assert changes(stub, limit=3) == feed[:3]
+    assert changes(stub, after=2, limit=2) == feed[2:4]
+    assert changes(stub, after=len(feed)) == []
+    err = fails(lambda: changes(stub, after=-1))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_list_changes_follow_delivers_a_later_change(stub: Stub) -> None:
+    resolve(stub, "Before Thing", "tool")
+    start = len(changes(stub))
+    stream = stub.ListChanges(pb.ListChangesRequest(after_sequence=0, follow=True), timeout=T)
+    made: list[str] = []
+    errors: list[BaseException] = []
+
+    def later() -> None:
+        try:
+            made.append(resolve(stub, "Late Arrival", "tool").entity_id)
+        except BaseException as e:  # reported by the test thread
+            errors.append(e)
+
+    try:
+        backlog = [next(stream).change for _ in range(start)]
+        assert [c.sequence for c in backlog] == list(range(1, start + 1))
+        timer = threading.Timer(0.5, later)
+        timer.start()
+        change = next(stream).change  # blocks until the change above is made
+        timer.join()
+        assert errors == []
+        assert change.sequence == start + 1 and change.kind == pb.CHANGE_KIND_CREATED
+        assert change.entity_id == made[0]
+    finally:
+        stream.cancel()
+    err = fails(lambda: next(stream))
+    assert err.code() == grpc.StatusCode.CANCELLED
+
+
+# -- authentication -----------------------------------------------------------------------------
+
+
+def _admin_calls(stub: Stub, metadata: tuple[tuple[str, str], ...] | None) -> dict[str, Callable[[], Any]]:
+    return {
+        "AddAlias": lambda: stub.AddAlias(
+            pb.AddAliasRequest(entity_id="X", alias="Y Z"), metadata=metadata, timeout=T),
+        "Promote": lambda: stub.Promote(
+            pb.PromoteRequest(entity_id="X"), metadata=metadata, timeout=T),
+        "Merge": lambda: stub.Merge(
+            pb.MergeRequest(source_id="X", target_id="Y"), metadata=metadata, timeout=T),
+        "SettlePossiblySameAs": lambda: stub.SettlePossiblySameAs(
+            pb.SettlePossiblySameAsRequest(entity_id="X", other_id="Y", decision=pb.SAME,
+                                           actor="a", reason="r"), metadata=metadata, timeout=T),
+        "ImportAuthority": lambda: stub.ImportAuthority(
+            iter([pb.ImportAuthorityRequest(data=jsonl([rec("Q-1", "Quiet", "other")]))]),
+            metadata=metadata, timeout=T),
+    }
+
+
+@pytest.mark.parametrize("metadata", [None, (("authorization", "Bearer wrong"),),
+                                      (("authorization", ADMIN_TOKEN),)])
+def test_admin_rpcs_need_the_token(stub: Stub, metadata: Any) -> None:
+    for name, call in _admin_calls(stub, metadata).items():
+        assert fails(call).code() == grpc.StatusCode.UNAUTHENTICATED, name
+    assert changes(stub) == []  # in particular, nothing was imported
+    assert resolve(stub, "Open Door", "").created  # non-admin RPCs need no token
+
+
+def test_a_server_without_admin_token_refuses_admin_rpcs(db_url: str) -> None:
+    running: RunningServer = start_server(Settings(db_url=db_url, port=0))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            stub = Stub(ch)
+            made = resolve(stub, "Open Door", "tool").entity_id
+            for name, call in _admin_calls(stub, ADMIN).items():
+                assert fails(call).code() == grpc.StatusCode.UNAUTHENTICATED, name
+            err = fails(lambda: promote(stub, made))
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert get(stub, made).status == pb.PROVISIONAL
+    finally:
+        running.stop(grace=0)
