@@ -1,0 +1,121 @@
+"""The `ingest` command line: run / sync / stats, exit codes, and a job killed with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingest.cli import main
+from ingest.testing import StubServer, serve_stub, synthetic_papers
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLES = REPO / "examples"
+
+
+def test_run_examples_against_the_stub_then_stats_and_sync(
+        tmp_path: Path, stub: StubServer, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "graph.duckdb"
+    code = main(["run", str(EXAMPLES), "--db", str(db), "--server", stub.address,
+                 "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "papers ingested:   205 (5 changed revisions)" in out
+    assert "see table rejects" in out
+    assert "papers/s" in out
+    assert main(["stats", "--db", str(db)]) == 0
+    stats = capsys.readouterr().out
+    assert "papers:          200 (205 revisions)" in stats
+    assert "top 10 entities" in stats
+    assert main(["sync", "--db", str(db), "--server", stub.address]) == 0
+    assert "new merges:   0" in capsys.readouterr().out
+    # Rerun: nothing new.
+    assert main(["run", str(EXAMPLES), "--db", str(db), "--server", stub.address,
+                 "--no-progress"]) == 0
+    assert "papers ingested:   0" in capsys.readouterr().out
+
+
+def test_unreachable_server_exits_non_zero(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with serve_stub() as gone:
+        address = gone.address
+    monkeypatch.setenv("INGEST_RETRY_BUDGET_SECONDS", "0.3")
+    monkeypatch.setenv("INGEST_DEADLINE_SECONDS", "0.2")
+    code = main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(tmp_path / "g.duckdb"),
+                 "--server", address, "--no-progress"])
+    assert code == 1
+    assert "UNAVAILABLE" in capsys.readouterr().err
+
+
+def test_missing_input_exits_non_zero(tmp_path: Path, stub: StubServer,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", str(tmp_path / "nope.jsonl"), "--db", str(tmp_path / "g.duckdb"),
+                 "--server", stub.address, "--no-progress"])
+    assert code == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_db_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["stats"])
+    assert exc.value.code == 2
+
+
+def _cli(corpus: Path, db: Path, address: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "INGEST_GROUP_PAPERS": "10"}
+    with (db.parent / f"{db.stem}.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ingest.cli", "run", str(corpus), "--db", str(db),
+             "--server", address, "--concurrency", "1", "--no-progress"],
+            env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def _log(db: Path) -> str:
+    return (db.parent / f"{db.stem}.log").read_text(errors="replace")
+
+
+@pytest.mark.slow
+def test_job_killed_with_sigkill_and_rerun_equals_one_clean_run(
+        tmp_path: Path, jsonl: Callable[..., Path], snapshot: Callable[..., Any]) -> None:
+    papers: list[Any] = list(synthetic_papers(700, mentions_per_paper=8,
+                                              relationships_per_paper=5, seed=11))
+    papers.insert(300, "{broken")
+    papers[400]["relationships"].append({"subject": "m0", "predicate": "uses", "object": "m0"})
+    revised = dict(papers[100], revision="v2", relationships=papers[100]["relationships"][2:])
+    papers.append(revised)  # a changed paper late in the same job
+    corpus = jsonl(tmp_path / "corpus.jsonl", papers)
+
+    with serve_stub() as clean_stub:
+        started = time.monotonic()
+        clean = _cli(corpus, tmp_path / "clean.duckdb", clean_stub.address)
+        assert clean.wait(timeout=120) == 0, _log(tmp_path / "clean.duckdb")
+        duration = time.monotonic() - started
+    expected = snapshot(tmp_path / "clean.duckdb")
+    assert len(expected["papers"]) == 701
+
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    db = tmp_path / "killed.duckdb"
+    with serve_stub() as stub:
+        # Kill once somewhere in the job, then kill the rerun too (it may finish first).
+        for attempt, (low, high) in enumerate([(0.25, 0.85), (0.0, 0.6)]):
+            proc = _cli(corpus, db, stub.address)
+            time.sleep(rng.uniform(low, high) * duration)
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            code = proc.wait(timeout=30)
+            assert attempt > 0 or code == -signal.SIGKILL, f"seed {seed}: job ended early"
+        final = _cli(corpus, db, stub.address)
+        assert final.wait(timeout=120) == 0, _log(db)
+    got = snapshot(db)
+    for table in expected:
+        assert got[table] == expected[table], f"table {table} differs (seed {seed})"

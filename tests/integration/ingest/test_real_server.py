@@ -1,0 +1,142 @@
+"""Ingest against the real identity server: embedded (CLI) and over the network."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from ingest.cli import main
+from ingest.client import IdentityClient, Resolution, RetryPolicy
+from ingest.pipeline import JobOptions, run_job, sync_redirects
+from ingest.sink import GraphSink
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("identity_server.server") is None,
+                                reason="identity_server.server is not there yet")
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+TOKEN = "integration-secret"
+POLICY = RetryPolicy(deadline_seconds=10, budget_seconds=10, initial_backoff=0.02)
+
+
+def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def real_server(tmp_path: Path) -> Iterator[str]:
+    from identity_server.server import start_server
+    from identity_server.settings import Settings
+
+    running = start_server(Settings(db_url=f"sqlite:///{tmp_path / 'identity.sqlite'}", port=0,
+                                    admin_token=TOKEN))
+    try:
+        yield f"127.0.0.1:{running.port}"
+    finally:
+        running.stop(grace=0.5)
+
+
+def test_embedded_server_runs_the_examples_from_a_fresh_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        snapshot: Callable[..., Any]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(EXAMPLES), "--db", "graph.duckdb", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "papers ingested:   205 (5 changed revisions)" in out
+    assert (tmp_path / "identity.sqlite").exists()  # the embedded store, in the working dir
+    db = tmp_path / "graph.duckdb"
+    before = snapshot(db, wall_clock=True)
+    # The real server refuses the punctuation-only mention; its edges go with it.
+    assert any("identity server refused the mention" in r[6] for r in before["rejects"])
+    assert main(["run", str(EXAMPLES), "--db", "graph.duckdb", "--no-progress"]) == 0
+    assert "papers ingested:   0" in capsys.readouterr().out
+    assert snapshot(db, wall_clock=True) == before
+    assert main(["stats", "--db", "graph.duckdb"]) == 0
+    assert "open links" in capsys.readouterr().out
+
+
+def test_stored_mention_ids_agree_with_resolve(tmp_path: Path, real_server: str) -> None:
+    db = tmp_path / "graph.duckdb"
+    with GraphSink(db) as sink, IdentityClient(real_server, policy=POLICY) as client:
+        summary = run_job([EXAMPLES / "papers.jsonl"], sink=sink, resolver=client,
+                          options=JobOptions(concurrency=4))
+        assert summary.ingested == 200
+        sync_redirects(client, sink)
+    stored = rows(db, "SELECT paper_id, mention_index, text, entity_type, resolved_id "
+                      "FROM mentions_resolved WHERE is_current ORDER BY paper_id, mention_index")
+    assert len(stored) > 2000
+    by_paper: dict[str, list[tuple[str, str, str]]] = {}
+    for paper_id, _, text, etype, resolved in stored:
+        by_paper.setdefault(paper_id, []).append((text, etype, resolved))
+    with IdentityClient(real_server, policy=POLICY) as client:
+        disagree = []
+        for paper_id, items in by_paper.items():
+            # The same paper's batch again: the server replays the reply the job stored.
+            replay = client.resolve_batch(paper_id, [(t, e) for t, e, _ in items])
+            for (text, etype, resolved), r in zip(items, replay, strict=True):
+                assert isinstance(r, Resolution)
+                live = client.get_entity(r.entity_id)
+                if (live.redirect_to or r.entity_id) != resolved:
+                    disagree.append((paper_id, text, etype))
+            # And a fresh lookup of each mention names the same entity.
+            for text, etype, resolved in items:
+                look = client.resolve(text, etype, lookup_only=True)
+                if look.match_kind != "ambiguous" and look.entity_id != resolved:
+                    disagree.append((paper_id, text, "lookup"))
+    assert disagree == []
+
+
+def test_merge_on_the_server_shows_through_the_redirect_views_after_sync(
+        tmp_path: Path, real_server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "graph.duckdb"
+    assert main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(db), "--server",
+                 real_server, "--no-progress"]) == 0
+    (source, n_source), (target, n_target) = rows(
+        db, "SELECT entity_id, count(*) FROM mentions WHERE resolved_type = 'method' "
+            "AND status = 'provisional' GROUP BY entity_id ORDER BY count(*) DESC, entity_id "
+            "LIMIT 2")
+    edges_before = rows(db, f"SELECT count(*) FROM graph_edges WHERE subject_id = '{target}' "
+                            f"OR object_id = '{target}'")[0][0]
+    with IdentityClient(real_server, policy=POLICY, admin_token=TOKEN) as client:
+        client.merge(source, target)
+    assert main(["sync", "--db", str(db), "--server", real_server]) == 0
+    assert "new merges:   1" in capsys.readouterr().out
+    assert rows(db, "SELECT from_id, to_id FROM redirects") == [(source, target)]
+    assert rows(db, f"SELECT count(*) FROM mentions_resolved WHERE resolved_id = '{target}'") \
+        == [(n_source + n_target,)]
+    assert rows(db, f"SELECT count(*) FROM graph_edges WHERE subject_id = '{source}' "
+                    f"OR object_id = '{source}'") == [(0,)]
+    edges_after = rows(db, f"SELECT count(*) FROM graph_edges WHERE subject_id = '{target}' "
+                           f"OR object_id = '{target}'")[0][0]
+    assert edges_after > edges_before
+    # Stored rows are untouched; only the views follow the redirect.
+    assert rows(db, f"SELECT count(*) FROM mentions WHERE entity_id = '{source}'") == [
+        (n_source,)]
+    assert rows(db, f"SELECT count(*) FROM entities WHERE entity_id = '{source}'") == [(0,)]
+
+
+def test_possibly_same_as_links_reach_stats_after_sync(
+        tmp_path: Path, real_server: str, jsonl: Callable[..., Path],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    papers = [{"paper_id": f"p{i}", "mentions": [{"id": "a", "text": name, "type": "person"},
+                                                 {"id": "b", "text": "Physics", "type": "task"}],
+               "relationships": [{"subject": "a", "predicate": "related to", "object": "b"}]}
+              for i, name in enumerate(["Mario", "Maria"])]
+    corpus = jsonl(tmp_path / "in.jsonl", papers)
+    db = tmp_path / "graph.duckdb"
+    assert main(["run", str(corpus), "--db", str(db), "--server", real_server,
+                 "--no-progress", "--concurrency", "1"]) == 0
+    assert rows(db, "SELECT count(*) FROM possibly_same_as") == [(1,)]
+    capsys.readouterr()
+    assert main(["stats", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "possibly_same_as: 1 open links" in out
+    assert "Mario" in out and "Maria" in out
