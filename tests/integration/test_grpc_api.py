@@ -157,6 +157,10 @@ def test_resolve_reports_every_match_kind_on_the_wire(stub: Stub) -> None:
     surfaces = list(get(stub, "Q-MEM").surface_forms)
     assert surfaces == ["mem-castle", "Mem Castle", "MEMORY CASTLE", "Memory Casle"]
 
+    # The alias and the surface form "MEMORY CASTLE" match at rule 2: not alias-only any more.
+    mixed = resolve(stub, "memory castle", "method")
+    assert (mixed.match_kind, mixed.matched_name) == (pb.CASE, "Memory Castle")
+
     # A surface form is never a typo anchor: one edit from "Memory Casle", two from the alias.
     drift = resolve(stub, "Memory Casl", "method")
     assert drift.match_kind == pb.NEW and drift.entity_id != "Q-MEM"
@@ -223,7 +227,8 @@ def test_ambiguous_mentions_share_one_placeholder_linked_to_every_best_candidate
 
 def test_weak_candidates_make_a_new_entity_linked_to_them(stub: Stub) -> None:
     import_records(stub, rec("C-AI", "AI", "concept"), rec("P-MARIA", "Maria", "person"),
-                   rec("T-WIN", "Windows 10", "tool"), rec("C-CAT", "Cat", "concept"))
+                   rec("T-WIN", "Windows 10", "tool"), rec("C-CAT", "Cat", "concept"),
+                   rec("C-COVID", "COVID-19", "concept"))
     short_key = resolve(stub, "A.I.", "concept")
     assert short_key.match_kind == pb.NEW and short_key.created
     assert list(short_key.candidates) == ["C-AI"] and list(short_key.possibly_same_as) == ["C-AI"]
@@ -234,8 +239,9 @@ def test_weak_candidates_make_a_new_entity_linked_to_them(stub: Stub) -> None:
     assert list(short_typo.possibly_same_as) == ["P-MARIA"]
     assert links(stub, short_typo.entity_id) == {frozenset((short_typo.entity_id, "P-MARIA"))}
 
-    for mention, etype in (("Windows 11", "tool"), ("Cot", "concept")):
-        other = resolve(stub, mention, etype)  # a digit edit; a key under 4 characters
+    for mention, etype in (("Windows 11", "tool"), ("Windows 1.0", "tool"),
+                           ("COVID-18", "concept"), ("Cot", "concept")):
+        other = resolve(stub, mention, etype)  # digit edits; a key under 4 characters
         assert other.match_kind == pb.NEW, mention
         assert list(other.candidates) == [] and list(other.possibly_same_as) == [], mention
 
@@ -359,6 +365,25 @@ def test_batch_over_5000_mentions_is_refused_whole(stub: Stub) -> None:
     assert len(batch(stub, mentions[:5000], lookup_only=True).results) == 5000
 
 
+def test_strict_server_refuses_unknown_types(db_url: str) -> None:
+    running = start_server(Settings(db_url=db_url, port=0, strict_types=True))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            stub = Stub(ch)
+            err = fails(lambda: resolve(stub, "Zeta Widget", "spaceship"))
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert resolve(stub, "Zeta Widget", " Tool ").entity_type == "tool"
+            reply = batch(stub, [("Zeta Widget", "spaceship"), ("Zeta Widget", "tool")])
+            assert reply.results[0].error.code == 3
+            assert reply.results[1].resolved.match_kind == pb.EXACT
+    finally:
+        running.stop(grace=0)
+
+
+def test_an_empty_batch_gets_an_empty_reply(stub: Stub) -> None:
+    assert list(batch(stub, []).results) == []
+
+
 def test_lookup_only_batch_writes_nothing(stub: Stub) -> None:
     made = resolve(stub, "Quantum Widget", "tool")
     before = changes(stub)
@@ -470,7 +495,8 @@ def test_merge_preconditions(stub: Stub) -> None:
 
 
 def test_provisional_entities_are_promoted_after_the_configured_paper_count(db_url: str) -> None:
-    running = start_server(Settings(db_url=db_url, port=0, promote_after_papers=2))
+    running = start_server(Settings(db_url=db_url, port=0, promote_after_papers=2,
+                                    admin_token=ADMIN_TOKEN))
     try:
         with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
             stub = Stub(ch)
@@ -482,6 +508,15 @@ def test_provisional_entities_are_promoted_after_the_configured_paper_count(db_u
             assert get(stub, first.entity_id).status == pb.CANONICAL
             kinds = [c.kind for c in changes(stub)]
             assert kinds.count(pb.CHANGE_KIND_PROMOTED) == 1
+
+            import_records(stub, rec("P-1", "Jordan Smith", "person"),
+                           rec("P-2", "Jordan Smith", "person"))
+            for paper in ("paper-1", "paper-2", "paper-3"):
+                amb = resolve(stub, "Jordan Smith", "person", context_id=paper)
+                assert amb.match_kind == pb.AMBIGUOUS
+            placeholder = get(stub, amb.entity_id)
+            assert placeholder.paper_count == 3
+            assert placeholder.status == pb.PROVISIONAL  # placeholders are never auto-promoted
     finally:
         running.stop(grace=0)
 
@@ -544,6 +579,9 @@ def test_settle_same_merges_into_the_better_ranked_entity(stub: Stub) -> None:
     result = settle(stub, placeholder, "P-2", pb.SAME)  # canonical before placeholder
     assert result.entity_id == "P-2"
     assert get(stub, placeholder).redirect_to == "P-2"
+    # The pair's placeholder is returned through its redirect.
+    again = resolve(stub, "Jordan Smith", "person")
+    assert (again.entity_id, again.match_kind, again.created) == ("P-2", pb.AMBIGUOUS, False)
 
 
 def test_settle_distinct_is_sticky(stub: Stub) -> None:
@@ -658,11 +696,33 @@ def test_import_merges_or_links_provisional_entities_and_replaces_records(stub: 
     assert links(stub, lake) == {frozenset((lake, "Q-DL1")), frozenset((lake, "Q-DL2"))}
 
     add_alias(stub, "Q-DN", "Curated DN")
+    import_records(stub, rec("Q-OLD", "Old Deep Net", "method"))
+    merge(stub, "Q-OLD", "Q-DN")
     report = import_records(stub, rec("Q-DN", "Deep Network", "method", "DNet"))
     assert (report.imported, report.created, report.updated) == (1, 0, 1)
     entity = get(stub, "Q-DN")
     assert entity.name == "Deep Network"
-    assert {"DeepNet", "Curated DN", "DNet"} <= set(entity.aliases)
+    assert {"DeepNet", "Curated DN", "Old Deep Net", "DNet"} <= set(entity.aliases)
+
+    # An id that was merged away is refused, with its line number.
+    report = import_data(stub, jsonl([rec("Q-NEW", "New One", "method"),
+                                      rec("Q-OLD", "Old Deep Net", "method")]))
+    assert report.imported == 1 and [e.line for e in report.errors] == [2]
+    assert get(stub, "Q-OLD").status == pb.MERGED
+
+
+def test_import_never_merges_a_placeholder(stub: Stub) -> None:
+    x = resolve(stub, "Jordan Smith", "person", context_id="paper-1").entity_id
+    y = resolve(stub, "J. Smith", "person").entity_id
+    add_alias(stub, y, "Jordan Smith")
+    amb = resolve(stub, "Jordan Smith", "person")
+    assert amb.match_kind == pb.AMBIGUOUS and list(amb.candidates) == [x, y]
+    report = import_records(stub, rec("P-JS", "Jordan Smith", "person"))
+    assert report.merged == 2
+    assert get(stub, x).redirect_to == "P-JS" and get(stub, y).redirect_to == "P-JS"
+    placeholder = get(stub, amb.entity_id)
+    assert placeholder.status == pb.PROVISIONAL and placeholder.placeholder
+    assert links(stub, amb.entity_id) == {frozenset((amb.entity_id, "P-JS"))}
 
 
 # -- ListChanges ------------------------------------------------------------------------------

@@ -1,0 +1,485 @@
+"""Running the identity server: health, reflection, restarts, idempotent batches, CLI, TLS.
+
+Servers listen on 127.0.0.1, port 0; subprocesses are started here and stopped by their own PID.
+Every gRPC call carries a deadline.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.descriptor_pool import DescriptorPool
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+
+from identity_api.v1 import identity_service_pb2 as pb
+from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+from identity_server.server import RunningServer, start_server
+from identity_server.settings import Settings
+from tests.conftest import ADMIN, ADMIN_TOKEN
+
+T = 10.0  # deadline of every call, in seconds
+SERVICE = "identity.v1.IdentityService"
+RPCS = {
+    "Resolve", "ResolveBatch", "GetEntity", "AddAlias", "Promote", "Merge", "ListPossiblySameAs",
+    "SettlePossiblySameAs", "ImportAuthority", "ListChanges",
+}
+CLI = Path(sys.executable).parent / "identity-server"
+
+Stub = pb_grpc.IdentityServiceStub
+
+
+@contextmanager
+def serving(db_url: str, **settings: Any) -> Iterator[tuple[RunningServer, Stub]]:
+    running = start_server(
+        Settings(db_url=db_url, host="127.0.0.1", port=0, admin_token=ADMIN_TOKEN, **settings)
+    )
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            yield running, Stub(channel)
+    finally:
+        running.stop(grace=0)
+
+
+def import_jsonl(stub: Stub, text: str) -> pb.ImportAuthorityResponse:
+    report = stub.ImportAuthority(
+        iter([pb.ImportAuthorityRequest(format=pb.AUTHORITY_FORMAT_JSONL, data=text.encode())]),
+        metadata=ADMIN, timeout=T,
+    )
+    assert list(report.errors) == []
+    return report
+
+
+AUTHORITY = "\n".join([
+    '{"id": "Q-MEM", "name": "Mem-Castle", "type": "method", "aliases": ["Memory Castle"]}',
+    '{"id": "P-1", "name": "Jordan Smith", "type": "person"}',
+    '{"id": "P-2", "name": "Jordan Smith", "type": "person"}',
+    '{"id": "P-MARIA", "name": "Maria", "type": "person"}',
+    '{"id": "C-AI", "name": "AI", "type": "concept"}',
+])
+
+
+def _env() -> dict[str, str]:
+    """The test's environment without IDENTITY_* settings, so only the flags given count."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_")}
+
+
+# -- health and reflection ----------------------------------------------------------------------
+
+
+def test_health_check_reports_serving(channel: grpc.Channel) -> None:
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", SERVICE):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=T)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+    with pytest.raises(grpc.RpcError) as info:
+        health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=T)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+class _Details(
+    collections.namedtuple(
+        "_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class _DefaultDeadline(grpc.StreamStreamClientInterceptor):
+    """Gives calls made by library code (the reflection database) a deadline."""
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        timeout = T if details.timeout is None else details.timeout
+        return continuation(
+            _Details(details.method, timeout, details.metadata, details.credentials,
+                     details.wait_for_ready, details.compression),
+            requests,
+        )
+
+
+def test_reflection_lists_and_describes_the_service(channel: grpc.Channel) -> None:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    replies = list(stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=T))
+    names = {s.name for s in replies[0].list_services_response.service}
+    assert {SERVICE, "grpc.health.v1.Health"} <= names
+
+    database = ProtoReflectionDescriptorDatabase(
+        grpc.intercept_channel(channel, _DefaultDeadline()))
+    assert SERVICE in database.get_services()
+    service = DescriptorPool(database).FindServiceByName(SERVICE)
+    assert {m.name for m in service.methods} == RPCS
+    importer = service.methods_by_name["ImportAuthority"]
+    assert importer.client_streaming and not importer.server_streaming
+    feed = service.methods_by_name["ListChanges"]
+    assert feed.server_streaming and not feed.client_streaming
+    assert service.methods_by_name["ResolveBatch"].input_type.full_name == (
+        "identity.v1.ResolveBatchRequest")
+
+
+# -- restarts -------------------------------------------------------------------------------------
+
+
+PROBES = [
+    ("Ada Lovelace", "person"),
+    ("ada lovelace", "person"),
+    ("Jordan Smith", "person"),
+    ("Jordan Smith", "other"),
+    ("Memory Casle", "method"),
+    ("Memory Casl", "method"),
+    ("mem castle", "method"),
+    ("Mario", "person"),
+    ("A.I.", "concept"),
+    ("Brand New Thing", "tool"),
+    ("Maria", "other"),
+    ("ADA LOVELACE", "person"),
+    ("MemCastle", "method"),
+    ("Memory Castl", "method"),
+    ("memory castle", "method"),
+]
+WRITTEN = 8  # the first PROBES are resolved for real (with evidence) before the restart
+
+
+def _look(stub: Stub) -> list[tuple[Any, ...]]:
+    out = []
+    for mention, etype in PROBES:
+        r = stub.Resolve(pb.ResolveRequest(mention=mention, entity_type=etype, lookup_only=True),
+                         timeout=T)
+        out.append((r.entity_id, r.status, r.match_kind, tuple(r.candidates), r.matched_name,
+                    r.entity_type, r.name))
+    return out
+
+
+def test_a_restart_on_the_same_file_gives_the_same_answers(db_url: str) -> None:
+    with serving(db_url) as (_, stub):
+        import_jsonl(stub, AUTHORITY)
+        for mention, etype in PROBES[:WRITTEN]:
+            stub.Resolve(pb.ResolveRequest(mention=mention, entity_type=etype,
+                                           context_id="paper-1"), timeout=T)
+        before = _look(stub)
+        ids = sorted({row[0] for row in before if row[0]})
+        entities = [stub.GetEntity(pb.GetEntityRequest(entity_id=i), timeout=T) for i in ids]
+        feed = [r.change for r in stub.ListChanges(pb.ListChangesRequest(), timeout=T)]
+    kinds = {row[2] for row in before}
+    assert {pb.EXACT, pb.CASE, pb.PUNCTUATION, pb.ALIAS, pb.TYPO, pb.AMBIGUOUS, pb.NEW} <= kinds
+
+    with serving(db_url) as (_, stub):
+        assert _look(stub) == before
+        again = [stub.GetEntity(pb.GetEntityRequest(entity_id=i), timeout=T) for i in ids]
+        assert [e.SerializeToString() for e in again] == [e.SerializeToString() for e in entities]
+        fresh = stub.Resolve(pb.ResolveRequest(mention="Fresh After Restart", entity_type="tool"),
+                             timeout=T)
+        assert fresh.created and fresh.entity_id not in ids
+        after = [r.change for r in stub.ListChanges(pb.ListChangesRequest(), timeout=T)]
+    assert after[: len(feed)] == feed
+    assert [c.sequence for c in after] == list(range(1, len(after) + 1))
+
+
+# -- idempotent batches ----------------------------------------------------------------------------
+
+
+MENTIONS = [
+    ("Quantum Widget", "tool"),
+    ("quantum widget", "tool"),
+    ("", "tool"),
+    ("Jordan Smith", "person"),
+    ("Memory Casle", "method"),
+    ("Mario", "person"),
+    ("Ada Lovelace", "person"),
+]
+
+
+def _batch(stub: Stub, mentions: list[tuple[str, str]], context_id: str = "paper-7",
+           lookup_only: bool = False) -> pb.ResolveBatchResponse:
+    return stub.ResolveBatch(
+        pb.ResolveBatchRequest(context_id=context_id, lookup_only=lookup_only,
+                               mentions=[pb.Mention(mention=m, entity_type=t) for m, t in mentions]),
+        timeout=T,
+    )
+
+
+def _evidence(stub: Stub, reply: pb.ResolveBatchResponse) -> dict[str, int]:
+    ids = {r.resolved.entity_id for r in reply.results if r.WhichOneof("outcome") == "resolved"}
+    return {
+        i: stub.GetEntity(pb.GetEntityRequest(entity_id=i), timeout=T).entity.evidence_count
+        for i in ids
+    }
+
+
+def _feed_length(stub: Stub) -> int:
+    return sum(1 for _ in stub.ListChanges(pb.ListChangesRequest(), timeout=T))
+
+
+def test_a_repeated_batch_gets_the_first_reply_and_writes_nothing(db_url: str) -> None:
+    with serving(db_url) as (_, stub):
+        import_jsonl(stub, AUTHORITY)
+        first = _batch(stub, MENTIONS)
+        assert first.results[0].resolved.created
+        assert first.results[2].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        evidence = _evidence(stub, first)
+        assert sum(evidence.values()) == 6
+        writes = _feed_length(stub)
+
+        again = _batch(stub, MENTIONS)
+        assert again.SerializeToString() == first.SerializeToString()
+        assert again.results[0].resolved.created  # the first reply, not today's answer
+        assert _evidence(stub, first) == evidence
+        assert _feed_length(stub) == writes
+
+    with serving(db_url) as (_, stub):
+        again = _batch(stub, MENTIONS)
+        assert again.SerializeToString() == first.SerializeToString()
+        assert _evidence(stub, first) == evidence
+        assert _feed_length(stub) == writes
+
+        # A lookup-only batch is always answered from the current state.
+        look = _batch(stub, MENTIONS, lookup_only=True)
+        assert look.results[0].resolved.match_kind == pb.EXACT
+        assert not look.results[0].resolved.created
+
+
+def test_concurrent_identical_batches_get_one_reply_and_count_once(db_url: str) -> None:
+    with serving(db_url) as (_, stub):
+        import_jsonl(stub, AUTHORITY)
+        replies: list[bytes] = []
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                replies.append(_batch(stub, MENTIONS).SerializeToString())
+            except BaseException as e:  # reported by the test thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=T)
+        assert errors == [] and len(replies) == 4
+        assert len(set(replies)) == 1
+        first = pb.ResolveBatchResponse.FromString(replies[0])
+        assert sum(_evidence(stub, first).values()) == 6
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["context", "order", "type", "spelling", "one more", "one fewer"],
+)
+def test_a_batch_that_differs_in_any_way_is_resolved_afresh(db_url: str, change: str) -> None:
+    mentions, context = list(MENTIONS), "paper-7"
+    if change == "context":
+        context = "paper-8"
+    elif change == "order":
+        mentions[5], mentions[6] = mentions[6], mentions[5]
+    elif change == "type":
+        mentions[6] = ("Ada Lovelace", "other")
+    elif change == "spelling":
+        mentions[6] = ("Ada  Lovelace", "person")  # the same display form, another request
+    elif change == "one more":
+        mentions.append(("Extra Item", "tool"))
+    else:
+        mentions.pop()
+    with serving(db_url) as (_, stub):
+        import_jsonl(stub, AUTHORITY)
+        first = _batch(stub, MENTIONS)
+        evidence = _evidence(stub, first)
+        fresh = _batch(stub, mentions, context_id=context)
+        assert fresh.SerializeToString() != first.SerializeToString()
+        head = fresh.results[0].resolved
+        assert (head.entity_id, head.match_kind, head.created) == (
+            first.results[0].resolved.entity_id, pb.EXACT, False)
+        after = _evidence(stub, first)
+        assert sum(after.values()) > sum(evidence.values())
+
+
+def test_batch_replies_expire_after_the_configured_time(db_url: str) -> None:
+    with serving(db_url, batch_reply_ttl_seconds=1) as (_, stub):
+        first = _batch(stub, MENTIONS)
+        assert _batch(stub, MENTIONS).SerializeToString() == first.SerializeToString()
+        time.sleep(1.2)
+        later = _batch(stub, MENTIONS)
+        assert later.results[0].resolved.match_kind == pb.EXACT
+        assert not later.results[0].resolved.created
+
+
+# -- the identity-server command line -----------------------------------------------------------
+
+
+def _read_line(stream: Any, timeout: float) -> str:
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True)
+    reader.start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        pytest.fail(f"no line from the server within {timeout} s")
+
+
+def test_cli_serve_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen(
+        [str(CLI), "serve", "--host", "127.0.0.1", "--port", "0",
+         "--db", f"sqlite:///{tmp_path / 'cli.sqlite'}"],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=_env(),
+    )
+    try:
+        line = _read_line(proc.stdout, 20.0)
+        match = re.search(r"127\.0\.0\.1:(\d+)\s*$", line)
+        assert match, line
+        port = int(match.group(1))
+        assert port > 0
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            reply = Stub(ch).Resolve(pb.ResolveRequest(mention="Ada Lovelace",
+                                                       entity_type="person"), timeout=T)
+        assert reply.created and reply.match_kind == pb.NEW
+
+        started = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - started < 8
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+        log.close()
+
+
+def test_cli_import_reports_refused_lines(tmp_path: Path) -> None:
+    db_url = f"sqlite:///{tmp_path / 'imported.sqlite'}"
+    jsonl = tmp_path / "authority.jsonl"
+    jsonl.write_text(
+        '{"id": "Q-ADA", "name": "Ada Lovelace", "type": "person", "aliases": ["Ada King"]}\n'
+        '{"id": "Q-BAD", "name": "Bad", "type": "spaceship"}\n'
+        '{"id": "Q-TODAI", "name": "東京大学", "type": "organization"}\n'
+        "{oops\n",
+        encoding="utf-8",
+    )
+    csv = tmp_path / "authority.csv"
+    csv.write_text(
+        'id,name,type,aliases\nC-1,"Smith, Jane",person,J. Smith|Jane Smith\n'
+        "C-2,Nameless,,\nC-3,Mem-Castle,method,\n",
+        encoding="utf-8",
+    )
+    for path, refused in ((jsonl, [2, 4]), (csv, [3])):
+        done = subprocess.run([str(CLI), "import", str(path), "--db", db_url],
+                              capture_output=True, text=True, env=_env(), timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert "imported 2 records" in done.stdout, done.stdout
+        for line in refused:
+            assert f"{path}:{line}:" in done.stderr, (path, done.stderr)
+        ok = {1, 3} if path == jsonl else {2, 4}
+        for line in ok:
+            assert f"{path}:{line}:" not in done.stderr
+
+    with serving(db_url) as (_, stub):
+        for entity_id, name in (("Q-ADA", "Ada Lovelace"), ("Q-TODAI", "東京大学"),
+                                ("C-1", "Smith, Jane"), ("C-3", "Mem-Castle")):
+            entity = stub.GetEntity(pb.GetEntityRequest(entity_id=entity_id), timeout=T).entity
+            assert (entity.name, entity.status) == (name, pb.CANONICAL)
+        assert list(stub.GetEntity(pb.GetEntityRequest(entity_id="C-1"),
+                                   timeout=T).entity.aliases) == ["J. Smith", "Jane Smith"]
+
+
+def test_cli_resolve_prints_the_id(db_url: str) -> None:
+    with serving(db_url) as (running, stub):
+        import_jsonl(stub, '{"id": "Q-ADA", "name": "Ada Lovelace", "type": "person"}\n')
+        address = f"127.0.0.1:{running.port}"
+        done = subprocess.run(
+            [str(CLI), "resolve", "ada lovelace", "--type", "person", "--server", address],
+            capture_output=True, text=True, env=_env(), timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        fields = dict(
+            (k.strip(), v.strip()) for k, v in
+            (line.split(":", 1) for line in done.stdout.splitlines() if ":" in line)
+        )
+        assert fields["entity_id"] == "Q-ADA" and fields["match_kind"] == "CASE"
+        assert fields["status"] == "CANONICAL"
+
+
+# -- TLS ------------------------------------------------------------------------------------------
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for localhost and 127.0.0.1: made with `cryptography` if it is installed,
+    else with the openssl command; skip the test when neither is available."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    try:
+        import datetime
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            pytest.skip("neither the cryptography package nor openssl is available")
+        subprocess.run(
+            [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+             "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+            check=True, capture_output=True, timeout=30,
+        )
+        return cert, key
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(private.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([
+            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False)
+        .sign(private, hashes.SHA256())
+    )
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return cert, key
+
+
+def test_tls(tmp_path: Path, db_url: str) -> None:
+    cert, key = _self_signed(tmp_path)
+    running = start_server(Settings(db_url=db_url, host="127.0.0.1", port=0,
+                                    tls_cert=str(cert), tls_key=str(key)))
+    try:
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{running.port}", credentials) as ch:
+            reply = Stub(ch).Resolve(pb.ResolveRequest(mention="Ada Lovelace",
+                                                       entity_type="person"), timeout=T)
+            assert reply.created and reply.entity_id
+            health = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=SERVICE), timeout=T)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as plain:
+            with pytest.raises(grpc.RpcError) as info:
+                Stub(plain).Resolve(pb.ResolveRequest(mention="Ada Lovelace"), timeout=3)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        running.stop(grace=0)
