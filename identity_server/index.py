@@ -9,10 +9,9 @@ variants and never scans the names: its cost depends on the key's length, not th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 from identity_server.domain import Entity, NameKind, Status
-from identity_server.normalize import key as key_of
 
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
 
@@ -22,16 +21,52 @@ def deletion_variants(k: str) -> set[str]:
     return {k} | {k[:i] + k[i + 1 :] for i in range(len(k))}
 
 
+# The tables map a string to one value or, rarely, to several: a plain str for the common single
+# value saves a set per entry, which halves the index's memory and build time.
+MultiMap = dict[str, "str | set[str]"]
+
+
+def _values(table: MultiMap, k: str) -> tuple[str, ...] | set[str]:
+    found = table.get(k)
+    if found is None:
+        return ()
+    return (found,) if isinstance(found, str) else found
+
+
+def _add(table: MultiMap, k: str, value: str) -> None:
+    found = table.get(k)
+    if found is None:
+        table[k] = value
+    elif isinstance(found, str):
+        if found != value:
+            table[k] = {found, value}
+    else:
+        found.add(value)
+
+
+def _remove(table: MultiMap, k: str, value: str) -> None:
+    found = table.get(k)
+    if found is None:
+        return
+    if isinstance(found, str):
+        if found == value:
+            del table[k]
+        return
+    found.discard(value)
+    if len(found) == 1:
+        table[k] = next(iter(found))
+
+
 class NameIndex:
-    """Every live entity and its names, indexed for the four rules. Not thread-safe by itself."""
+    """Every entity and its names, indexed for the four rules. Not thread-safe by itself."""
 
     def __init__(self) -> None:
         self._entities: dict[str, Entity] = {}
-        self._by_display: dict[str, set[str]] = {}
-        self._by_fold: dict[str, set[str]] = {}
-        self._by_key: dict[str, set[str]] = {}
-        self._anchor_ids: dict[str, set[str]] = {}
-        self._variants: dict[str, set[str]] = {}
+        self._by_display: MultiMap = {}
+        self._by_fold: MultiMap = {}
+        self._by_key: MultiMap = {}
+        self._anchor_ids: MultiMap = {}  # anchor key -> entity ids whose name or alias has it
+        self._variants: MultiMap = {}  # deletion variant -> anchor keys
         self._max_ordinal = 0
 
     # -- reading -------------------------------------------------------------------------------
@@ -52,22 +87,22 @@ class NameIndex:
     def live(self, entity_id: str) -> Entity | None:
         """The entity at the end of entity_id's redirect chain (itself when not merged)."""
         entity = self._entities.get(entity_id)
-        seen = 0
-        while entity is not None and entity.redirect_to is not None and seen < 10_000:
+        hops = 0
+        while entity is not None and entity.redirect_to is not None and hops < 10_000:
             entity = self._entities.get(entity.redirect_to)
-            seen += 1
+            hops += 1
         return entity
 
-    def with_display(self, display: str) -> set[str]:
-        return self._by_display.get(display, _EMPTY)
+    def with_display(self, display: str) -> Collection[str]:
+        return _values(self._by_display, display)
 
-    def with_fold(self, folded: str) -> set[str]:
-        return self._by_fold.get(folded, _EMPTY)
+    def with_fold(self, folded: str) -> Collection[str]:
+        return _values(self._by_fold, folded)
 
-    def with_key(self, k: str) -> set[str]:
-        return self._by_key.get(k, _EMPTY)
+    def with_key(self, k: str) -> Collection[str]:
+        return _values(self._by_key, k)
 
-    def typo_neighbours(self, k: str) -> Iterator[tuple[str, set[str]]]:
+    def typo_neighbours(self, k: str) -> Iterator[tuple[str, Collection[str]]]:
         """(anchor key, entity ids) for anchor keys sharing a deletion variant with k.
 
         A superset of the keys one edit away: the caller verifies each with `one_edit_apart`.
@@ -76,10 +111,10 @@ class NameIndex:
             return
         seen: set[str] = set()
         for variant in deletion_variants(k):
-            for anchor in self._variants.get(variant, _EMPTY):
+            for anchor in _values(self._variants, variant):
                 if anchor not in seen and anchor != k:
                     seen.add(anchor)
-                    yield anchor, self._anchor_ids[anchor]
+                    yield anchor, _values(self._anchor_ids, anchor)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -111,12 +146,10 @@ class NameIndex:
             _add(self._by_fold, n.folded, eid)
             _add(self._by_key, n.key, eid)
             if n.kind is not NameKind.SURFACE and len(n.key) >= MIN_TYPO_KEY:
-                ids = self._anchor_ids.get(n.key)
-                if ids is None:
-                    ids = self._anchor_ids[n.key] = set()
+                if n.key not in self._anchor_ids:
                     for variant in deletion_variants(n.key):
                         _add(self._variants, variant, n.key)
-                ids.add(eid)
+                _add(self._anchor_ids, n.key, eid)
 
     def _unindex(self, entity: Entity) -> None:
         eid = entity.entity_id
@@ -124,32 +157,11 @@ class NameIndex:
             _remove(self._by_display, n.display, eid)
             _remove(self._by_fold, n.folded, eid)
             _remove(self._by_key, n.key, eid)
-            ids = self._anchor_ids.get(n.key)
-            if ids is not None and eid in ids:
-                ids.discard(eid)
-                if not ids:
-                    del self._anchor_ids[n.key]
+            if n.key in self._anchor_ids:
+                _remove(self._anchor_ids, n.key, eid)
+                if n.key not in self._anchor_ids:
                     for variant in deletion_variants(n.key):
                         _remove(self._variants, variant, n.key)
 
 
-_EMPTY: set[str] = set()
-
-
-def _add(table: dict[str, set[str]], k: str, value: str) -> None:
-    bucket = table.get(k)
-    if bucket is None:
-        table[k] = {value}
-    else:
-        bucket.add(value)
-
-
-def _remove(table: dict[str, set[str]], k: str, value: str) -> None:
-    bucket = table.get(k)
-    if bucket is not None:
-        bucket.discard(value)
-        if not bucket:
-            del table[k]
-
-
-__all__ = ["NameIndex", "deletion_variants", "key_of", "MIN_TYPO_KEY"]
+__all__ = ["NameIndex", "deletion_variants", "MIN_TYPO_KEY"]

@@ -7,6 +7,9 @@ definitions written out, so each step below names the sentence of the spec it im
 
 from __future__ import annotations
 
+import functools
+import re
+import sys
 import unicodedata
 
 # The Unicode White_Space property (PropList.txt). Not str.isspace(): that also accepts the
@@ -28,6 +31,9 @@ def _is_digit(char: str) -> bool:
 
 def display_form(text: str) -> str:
     """NFKC, drop non-space Cc/Cf characters, NFKC again, collapse White_Space runs, trim."""
+    if text.isascii() and text.isprintable():
+        # NFKC leaves printable ASCII alone, it has no Cc/Cf, and its only White_Space is " ".
+        return " ".join(text.split())
     text = unicodedata.normalize("NFKC", text)
     text = "".join(
         c for c in text if c in WHITE_SPACE or unicodedata.category(c) not in ("Cc", "Cf")
@@ -58,17 +64,37 @@ def key(display: str) -> str:
     dot (`windows1.0`) so that it never equals "Windows 10".
     """
     folded = display.casefold()
-    out: list[str] = []
-    last = len(folded) - 1
-    for i, c in enumerate(folded):
-        if c in WHITE_SPACE:
-            continue
-        if unicodedata.category(c).startswith("P") and c not in _KEPT_PUNCTUATION:
-            between_digits = 0 < i < last and _is_digit(folded[i - 1]) and _is_digit(folded[i + 1])
-            if not between_digits:
-                continue
-        out.append(c)
-    return "".join(out)
+    if folded.isalnum():  # the common case: nothing to delete
+        return folded
+    if _DIGIT.search(folded) is None:  # no digits: no mark can stand between two
+        return folded.translate(_deletion_table())
+    return _key_deletions().sub("", folded)
+
+
+_DIGIT = re.compile(r"\d")
+
+
+@functools.cache
+def _deletion_table() -> dict[int, None]:
+    """str.translate table deleting White_Space and punctuation but `#`."""
+    table: dict[int, None] = dict.fromkeys(map(ord, WHITE_SPACE))
+    for cp in range(sys.maxunicode + 1):
+        if unicodedata.category(chr(cp)).startswith("P") and chr(cp) not in _KEPT_PUNCTUATION:
+            table[cp] = None
+    return table
+
+
+@functools.cache
+def _key_deletions() -> re.Pattern[str]:
+    """White_Space, or punctuation (but `#`) without a digit on both sides.
+
+    `\\d` in a str pattern is exactly Unicode Nd. Built on first use: it enumerates Unicode once.
+    """
+    punctuation = "".join(
+        re.escape(chr(cp)) for cp in _deletion_table() if chr(cp) not in WHITE_SPACE
+    )
+    spaces = "".join(re.escape(c) for c in sorted(WHITE_SPACE))
+    return re.compile(f"[{spaces}]|(?<!\\d)[{punctuation}]|[{punctuation}](?!\\d)")
 
 
 def _guarded(s: str, i: int) -> bool:

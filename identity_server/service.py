@@ -164,7 +164,7 @@ class IdentityService:
                     self._catch_up(tx)
                     unit = Unit(tx, self.index, self._seq)
                     result = work(unit)
-                    tx.append_changes(unit.changes)
+                    unit.flush()
                 self._seq = unit.seq
                 return result
             except BaseException:
@@ -294,7 +294,7 @@ class IdentityService:
         """Evidence of the mention under its paper; promotes at the configured paper count."""
         if not context_id:
             return entity
-        u.tx.add_evidence(entity.entity_id, context_id, m.display, m.raw_type)
+        u.add_evidence(entity.entity_id, context_id, m.display, m.raw_type)
         threshold = self.config.promote_after_papers
         if threshold <= 0 or entity.status is not Status.PROVISIONAL or entity.placeholder:
             return entity
@@ -302,6 +302,7 @@ class IdentityService:
         if context_id in known:
             return entity
         known.add(context_id)
+        u.flush()
         group = [entity.entity_id, *u.tx.merged_into(entity.entity_id)]
         _, papers = u.tx.evidence_summary(group)
         if papers >= threshold:
@@ -473,23 +474,29 @@ class IdentityService:
 
     def _import_chunk(self, u: Unit, records: list[AuthorityRecord], counts: dict[str, int],
                       keys: dict[str, None], errors: list[RecordError]) -> None:
+        new: dict[str, tuple[str, str, str, list[str]]] = {}
         for rec in records:
             try:
-                entity_id, name, entity_type, aliases = self._check_record(rec)
+                checked = self._check_record(rec)
             except InvalidArgument as e:
                 errors.append(RecordError(rec.line, str(e)))
                 continue
+            entity_id, name, entity_type, aliases = checked
+            if entity_id in new:  # the same id twice in a chunk: create it, then re-import
+                u.create_canonicals(list(new.values()))
+                new.clear()
             existing = self.index.get(entity_id)
-            if existing is None:
-                u.create_canonical(entity_id, name, entity_type, aliases)
-                counts["created"] += 1
-            else:
+            if existing is not None:
                 u.reimport_canonical(existing, name, entity_type, aliases)
                 counts["updated"] += 1
+            else:
+                new[entity_id] = checked
+                counts["created"] += 1
             counts["imported"] += 1
             k = key(name)
             if len(k) >= 3:
                 keys[k] = None
+        u.create_canonicals(list(new.values()))
 
     def _check_record(self, rec: AuthorityRecord) -> tuple[str, str, str, list[str]]:
         entity_id = rec.entity_id.strip()

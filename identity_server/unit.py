@@ -48,6 +48,7 @@ class Unit:
         self.now = time.time()
         self.changes: list[ChangeRecord] = []
         self.touched: set[str] = set()
+        self._evidence: dict[tuple[str, str, str, str], int] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -59,6 +60,18 @@ class Unit:
     def put(self, entity: Entity) -> None:
         self.index.put(entity)
         self.touched.add(entity.entity_id)
+
+    def add_evidence(self, entity_id: str, context_id: str, surface: str, raw_type: str) -> None:
+        """Buffered: written in one statement by `flush` (before commit or a count)."""
+        k = (entity_id, context_id, surface, raw_type)
+        self._evidence[k] = self._evidence.get(k, 0) + 1
+
+    def flush(self) -> None:
+        """Write buffered rows: evidence, then the change feed."""
+        self.tx.add_evidence(self._evidence)
+        self._evidence = {}
+        self.tx.append_changes(self.changes)
+        self.changes = []
 
     # -- entities and names --------------------------------------------------------------------
 
@@ -72,28 +85,36 @@ class Unit:
             placeholder=placeholder,
             names=(Name(display, NameKind.NAME, 0),),
         )
-        self.tx.insert_entity(entity, now=self.now)
+        self.tx.insert_entities([entity], now=self.now)
         self.tx.put_names(entity.entity_id, [NameRow(display, NameKind.NAME.value, 0, "")])
         self.emit(CREATED, entity.entity_id, name=display, entity_type=entity_type,
                   placeholder=placeholder)
         self.put(entity)
         return entity
 
-    def create_canonical(self, entity_id: str, name: str, entity_type: str,
-                         aliases: list[str]) -> Entity:
-        ordinal = max(self.index.max_ordinal, 0) + 1
-        rows = [NameRow(name, NameKind.NAME.value, 0, "authority")]
-        rows += [
-            NameRow(a, NameKind.ALIAS.value, i + 1, "authority")
-            for i, a in enumerate(_unique(aliases, exclude=name))
-        ]
-        entity = Entity(entity_id, entity_type, Status.CANONICAL, ordinal, names=_names(rows))
-        self.tx.insert_entity(entity, now=self.now)
-        self.tx.put_names(entity_id, rows)
-        self.emit(IMPORTED, entity_id, name=name, entity_type=entity_type, aliases=aliases,
-                  created=True)
-        self.put(entity)
-        return entity
+    def create_canonicals(self, records: list[tuple[str, str, str, list[str]]]) -> list[Entity]:
+        """New canonical entities from (id, name, type, aliases), written in bulk."""
+        created: list[Entity] = []
+        rows: list[tuple[str, NameRow]] = []
+        ordinal = max(self.index.max_ordinal, 0)
+        for entity_id, name, entity_type, aliases in records:
+            ordinal += 1
+            mine = [NameRow(name, NameKind.NAME.value, 0, "authority")]
+            mine += [
+                NameRow(a, NameKind.ALIAS.value, i + 1, "authority")
+                for i, a in enumerate(_unique(aliases, exclude=name))
+            ]
+            created.append(
+                Entity(entity_id, entity_type, Status.CANONICAL, ordinal, names=_names(mine))
+            )
+            rows += [(entity_id, r) for r in mine]
+            self.emit(IMPORTED, entity_id, name=name, entity_type=entity_type, aliases=aliases,
+                      created=True)
+        self.tx.insert_entities(created, now=self.now)
+        self.tx.put_names_of(rows)
+        for entity in created:
+            self.put(entity)
+        return created
 
     def reimport_canonical(self, entity: Entity, name: str, entity_type: str,
                            aliases: list[str]) -> Entity:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, create_engine, event, func, or_, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, create_engine, event, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
@@ -148,12 +148,51 @@ def _safe(url: str) -> str:
     return url
 
 
+class _Statements:
+    """Upserts built once per dialect: SQLAlchemy then compiles each only once."""
+
+    def __init__(self, is_sqlite: bool) -> None:
+        insert = sqlite.insert if is_sqlite else postgresql.insert
+        names = insert(t.names)
+        self.upsert_names = names.on_conflict_do_update(
+            index_elements=["entity_id", "display"],
+            set_={"kind": names.excluded.kind, "position": names.excluded.position,
+                  "source": names.excluded.source},
+        )
+        ev = insert(t.evidence)
+        self.add_evidence = ev.on_conflict_do_update(
+            index_elements=["entity_id", "context_id", "surface", "raw_type"],
+            set_={"count": t.evidence.c.count + ev.excluded.count},
+        )
+        links = insert(t.links)
+        self.upsert_link = links.on_conflict_do_update(
+            index_elements=["a", "b"],
+            set_={"state": links.excluded.state, "actor": links.excluded.actor,
+                  "reason": links.excluded.reason, "decided_at": links.excluded.decided_at},
+        )
+        replies = insert(t.batch_replies)
+        self.upsert_reply = replies.on_conflict_do_update(
+            index_elements=["request_hash"],
+            set_={"reply": replies.excluded.reply, "created_at": replies.excluded.created_at},
+        )
+        self.insert_entity = t.entities.insert()
+        self.insert_changes = t.changes.insert()
+        self.changes_after = (
+            select(t.changes).where(t.changes.c.seq > bindparam("after")).order_by(t.changes.c.seq)
+        )
+
+
+_STATEMENTS: dict[bool, _Statements] = {}
+
+
 class Tx:
     """One transaction's operations. Every method is a small statement or two."""
 
     def __init__(self, conn: Connection, is_sqlite: bool) -> None:
         self.conn = conn
-        self._insert = sqlite.insert if is_sqlite else postgresql.insert
+        if is_sqlite not in _STATEMENTS:
+            _STATEMENTS[is_sqlite] = _Statements(is_sqlite)
+        self._sql = _STATEMENTS[is_sqlite]
 
     # -- entities ------------------------------------------------------------------------------
 
@@ -198,18 +237,23 @@ class Tx:
                 pending = next(name_rows, None)
             yield _entity(r, found)
 
-    def insert_entity(self, entity: Entity, *, now: float) -> None:
-        self.conn.execute(
-            t.entities.insert().values(
-                entity_id=entity.entity_id,
-                ordinal=entity.ordinal,
-                entity_type=entity.entity_type,
-                status=entity.status.value,
-                placeholder=entity.placeholder,
-                redirect_to=entity.redirect_to,
-                created_at=now,
+    def insert_entities(self, entities: Sequence[Entity], *, now: float) -> None:
+        if entities:
+            self.conn.execute(
+                self._sql.insert_entity,
+                [
+                    {
+                        "entity_id": e.entity_id,
+                        "ordinal": e.ordinal,
+                        "entity_type": e.entity_type,
+                        "status": e.status.value,
+                        "placeholder": e.placeholder,
+                        "redirect_to": e.redirect_to,
+                        "created_at": now,
+                    }
+                    for e in entities
+                ],
             )
-        )
 
     def update_entity(self, entity_id: str, **values: Any) -> None:
         values = {k: (v.value if isinstance(v, Status) else v) for k, v in values.items()}
@@ -255,26 +299,18 @@ class Tx:
 
     def put_names(self, entity_id: str, rows: Sequence[NameRow]) -> None:
         """Insert or overwrite (kind, position, source) of the given names of one entity."""
-        if not rows:
-            return
-        stmt = self._insert(t.names).values(
-            [
-                {
-                    "entity_id": entity_id,
-                    "display": r.display,
-                    "kind": r.kind,
-                    "position": r.position,
-                    "source": r.source,
-                }
-                for r in rows
-            ]
-        )
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["entity_id", "display"],
-            set_={"kind": stmt.excluded.kind, "position": stmt.excluded.position,
-                  "source": stmt.excluded.source},
-        )
-        self.conn.execute(stmt)
+        self.put_names_of([(entity_id, r) for r in rows])
+
+    def put_names_of(self, rows: Sequence[tuple[str, NameRow]]) -> None:
+        if rows:
+            self.conn.execute(
+                self._sql.upsert_names,
+                [
+                    {"entity_id": eid, "display": r.display, "kind": r.kind,
+                     "position": r.position, "source": r.source}
+                    for eid, r in rows
+                ],
+            )
 
     def move_names(self, source: str, target: str, rows: Sequence[NameRow]) -> None:
         """Re-home a merged source's names on its target; rows carry the target's new kinds.
@@ -315,14 +351,11 @@ class Tx:
     def put_link(self, x: str, y: str, state: str, seq: int, *, actor: str | None = None,
                  reason: str | None = None, now: float | None = None) -> None:
         a, b = ordered_pair(x, y)
-        stmt = self._insert(t.links).values(
-            a=a, b=b, state=state, created_seq=seq, actor=actor, reason=reason, decided_at=now
+        self.conn.execute(
+            self._sql.upsert_link,
+            {"a": a, "b": b, "state": state, "created_seq": seq, "actor": actor,
+             "reason": reason, "decided_at": now},
         )
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["a", "b"],
-            set_={"state": state, "actor": actor, "reason": reason, "decided_at": now},
-        )
-        self.conn.execute(stmt)
 
     def set_link_state(self, x: str, y: str, state: str) -> None:
         a, b = ordered_pair(x, y)
@@ -359,15 +392,16 @@ class Tx:
 
     # -- evidence ------------------------------------------------------------------------------
 
-    def add_evidence(self, entity_id: str, context_id: str, surface: str, raw_type: str) -> None:
-        stmt = self._insert(t.evidence).values(
-            entity_id=entity_id, context_id=context_id, surface=surface, raw_type=raw_type, count=1
-        )
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["entity_id", "context_id", "surface", "raw_type"],
-            set_={"count": t.evidence.c.count + 1},
-        )
-        self.conn.execute(stmt)
+    def add_evidence(self, rows: dict[tuple[str, str, str, str], int]) -> None:
+        """Add counts to evidence rows keyed (entity_id, context_id, surface, raw_type)."""
+        if rows:
+            self.conn.execute(
+                self._sql.add_evidence,
+                [
+                    {"entity_id": e, "context_id": c, "surface": s, "raw_type": r, "count": n}
+                    for (e, c, s, r), n in rows.items()
+                ],
+            )
 
     def evidence_summary(self, entity_ids: Sequence[str]) -> tuple[int, int]:
         """(resolves recorded, distinct contexts) over the given entities together."""
@@ -385,19 +419,17 @@ class Tx:
         return int(self.conn.scalar(select(func.coalesce(func.max(t.changes.c.seq), 0))))
 
     def changes_after(self, seq: int, limit: int | None = None) -> list[ChangeRecord]:
-        q = select(t.changes).where(t.changes.c.seq > seq).order_by(t.changes.c.seq)
-        if limit:
-            q = q.limit(limit)
+        q = self._sql.changes_after if not limit else self._sql.changes_after.limit(limit)
         return [
             ChangeRecord(r.seq, r.kind, r.entity_id, r.other_id, json.loads(r.detail),
                          r.recorded_at)
-            for r in self.conn.execute(q)
+            for r in self.conn.execute(q, {"after": seq})
         ]
 
     def append_changes(self, records: Sequence[ChangeRecord]) -> None:
         if records:
             self.conn.execute(
-                t.changes.insert(),
+                self._sql.insert_changes,
                 [
                     {
                         "seq": c.seq,
@@ -422,13 +454,9 @@ class Tx:
         )
 
     def put_batch_reply(self, request_hash: str, reply: str, *, now: float) -> None:
-        stmt = self._insert(t.batch_replies).values(
-            request_hash=request_hash, reply=reply, created_at=now
+        self.conn.execute(
+            self._sql.upsert_reply, {"request_hash": request_hash, "reply": reply, "created_at": now}
         )
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["request_hash"], set_={"reply": reply, "created_at": now}
-        )
-        self.conn.execute(stmt)
 
     def purge_batch_replies(self, *, before: float) -> None:
         self.conn.execute(t.batch_replies.delete().where(t.batch_replies.c.created_at < before))
