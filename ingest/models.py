@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 logger = logging.getLogger(__name__)
 
@@ -50,27 +50,28 @@ class SpanObject(BaseModel):
     end: int
 
 
-class Span(BaseModel):
-    """Character offsets ``[start, end)`` in the paper's text."""
+class SpanError(ValueError):
+    """A span whose end is before its start."""
 
-    model_config = _STRICT
-    start: int = Field(ge=0)
-    end: int = Field(ge=0)
 
-    @model_validator(mode="after")
-    def _ordered(self) -> Span:
-        if self.end < self.start:
-            raise ValueError(f"span end {self.end} is before its start {self.start}")
-        return self
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Character offsets ``[start, end)`` in the paper's text (both checked non-negative)."""
+
+    start: int
+    end: int
 
 
 def to_span(value: list[int] | SpanObject | None) -> Span | None:
-    """Accepts ``[start, end]`` or ``{"start", "end"}``; validates order and sign."""
+    """Accepts ``[start, end]`` or ``{"start", "end"}``; checks sign and order."""
     if value is None:
         return None
-    if isinstance(value, SpanObject):
-        return Span(start=value.start, end=value.end)
-    return Span(start=value[0], end=value[1])
+    start, end = (value.start, value.end) if isinstance(value, SpanObject) else value
+    if start < 0 or end < 0:
+        raise SpanError(f"span offsets must be non-negative, got [{start}, {end}]")
+    if end < start:
+        raise SpanError(f"span end {end} is before its start {start}")
+    return Span(start, end)
 
 
 def _check_id(value: str, info: ValidationInfo) -> str:

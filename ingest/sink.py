@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -175,6 +175,9 @@ REDIRECTS_SCHEMA = pa.schema([
     ("from_id", pa.string()), ("to_id", pa.string()), ("merged_into", pa.string()),
     ("sequence", pa.int64()), ("recorded_at", pa.string()),
 ])
+CLOSE_SCHEMA = pa.schema([
+    ("paper_id", pa.string()), ("revision", pa.string()), ("content_hash", pa.string()),
+])
 LINKS_SCHEMA = pa.schema([
     ("entity_id", pa.string()), ("other_id", pa.string()), ("sequence", pa.int64()),
 ])
@@ -233,18 +236,25 @@ class _Pending:
     superseded_by: str | None = None
 
 
-@dataclass
 class _Rows:
-    columns: dict[str, list[Any]] = field(default_factory=dict)
+    """Rows collected as tuples (cheap to append), turned into one Arrow table per write."""
 
-    def add(self, **values: Any) -> None:
-        for key, value in values.items():
-            self.columns.setdefault(key, []).append(value)
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.rows: list[tuple[Any, ...]] = []
 
-    def table(self, schema: pa.Schema) -> pa.Table:
-        n = len(next(iter(self.columns.values()), []))
-        return pa.table({name: self.columns.get(name, [None] * n) for name in schema.names},
-                        schema=schema)
+    def add(self, *values: Any) -> None:
+        self.rows.append(values)
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def table(self) -> pa.Table:
+        columns = list(zip(*self.rows, strict=True)) if self.rows else [
+            () for _ in self.schema.names]
+        return pa.table({name: pa.array(col, type=self.schema.field(name).type)
+                         for name, col in zip(self.schema.names, columns, strict=True)},
+                        schema=self.schema)
 
 
 class GraphSink:
@@ -338,17 +348,16 @@ class GraphSink:
                 x.paper.paper_id for x in items if isinstance(x, ResolvedPaper))
             pending: list[_Pending] = []
             pending_current: dict[str, _Pending] = {}
-            close_db: _Rows = _Rows()
-            rejects = _Rows()
+            close_db = _Rows(CLOSE_SCHEMA)
+            rejects = _Rows(REJECTS_SCHEMA)
             for item in items:
                 if isinstance(item, LineReject):
                     outcome.rejected_lines += 1
                     rid = (_reject_id("paper-line", item.paper_id, item.content_hash, item.reason)
                            if item.paper_id is not None
                            else _reject_id("line", item.position, item.raw, item.reason))
-                    rejects.add(reject_id=rid, paper_id=item.paper_id, revision=None,
-                                content_hash=item.content_hash, position=item.position, item="",
-                                reason=item.reason, raw=item.raw, rejected_at=now)
+                    rejects.add(rid, item.paper_id, None, item.content_hash, item.position, "",
+                                item.reason, item.raw, now)
                     continue
                 paper = item.paper
                 pid = paper.paper_id
@@ -362,8 +371,7 @@ class GraphSink:
                     earlier.superseded_by = paper.content_hash
                     outcome.changed += 1
                 elif pid in current:
-                    close_db.add(paper_id=pid, revision=paper.revision,
-                                 content_hash=paper.content_hash)
+                    close_db.add(pid, paper.revision, paper.content_hash)
                     current.discard(pid)
                     outcome.changed += 1
                 known.setdefault(pid, set()).add(paper.content_hash)
@@ -373,12 +381,12 @@ class GraphSink:
                 outcome.ingested += 1
                 self._add_rejects(rejects, paper, paper.rejects, now)
                 outcome.rejected_items += len(paper.rejects)
-            if close_db.columns:
+            if close_db:
                 self._close(close_db, now)
             if pending:
                 self._insert_papers(pending, now, outcome)
-            if rejects.columns:
-                self._insert_rejects(rejects.table(REJECTS_SCHEMA))
+            if rejects:
+                self._insert_rejects(rejects.table())
             self._con.commit()
         except duckdb.Error as e:
             self._rollback()
@@ -398,16 +406,12 @@ class GraphSink:
     def _add_rejects(rows: _Rows, paper: CheckedPaper, items: Iterable[Reject],
                      now: datetime) -> None:
         for r in items:
-            rows.add(reject_id=_reject_id("item", paper.paper_id, paper.content_hash, r.item,
-                                          r.reason),
-                     paper_id=paper.paper_id, revision=paper.revision,
-                     content_hash=paper.content_hash, position=paper.position, item=r.item,
-                     reason=r.reason, raw=r.raw, rejected_at=now)
+            rows.add(_reject_id("item", paper.paper_id, paper.content_hash, r.item, r.reason),
+                     paper.paper_id, paper.revision, paper.content_hash, paper.position, r.item,
+                     r.reason, r.raw, now)
 
     def _close(self, close: _Rows, now: datetime) -> None:
-        table = close.table(pa.schema([("paper_id", pa.string()), ("revision", pa.string()),
-                                       ("content_hash", pa.string())]))
-        self._con.register("_close", table)
+        self._con.register("_close", close.table())
         try:
             self._con.execute(
                 "UPDATE relationships SET valid_to = ?, closed_in_revision = c.revision "
@@ -425,7 +429,8 @@ class GraphSink:
 
     def _insert_papers(self, pending: list[_Pending], now: datetime,
                        outcome: WriteOutcome) -> None:
-        papers, mentions, rels = _Rows(), _Rows(), _Rows()
+        papers, mentions = _Rows(PAPERS_SCHEMA), _Rows(MENTIONS_SCHEMA)
+        rels = _Rows(RELATIONSHIPS_SCHEMA)
         for entry in pending:
             paper = entry.resolved.paper
             new = sum(1 for r in entry.resolved.resolutions if r.created)
@@ -434,41 +439,33 @@ class GraphSink:
             outcome.matched_entities += matched
             outcome.relationships += len(paper.relationships)
             papers.add(
-                paper_id=paper.paper_id, revision=paper.revision, content_hash=paper.content_hash,
-                source=paper.position,
-                counts={"mentions": len(paper.mentions),
-                        "relationships": len(paper.relationships),
-                        "rejects": len(paper.rejects), "new_entities": new,
-                        "matched_entities": matched},
-                is_current=entry.is_current, superseded_by=entry.superseded_by,
-                ingested_at=now, superseded_at=None if entry.is_current else now)
+                paper.paper_id, paper.revision, paper.content_hash, paper.position,
+                {"mentions": len(paper.mentions), "relationships": len(paper.relationships),
+                 "rejects": len(paper.rejects), "new_entities": new, "matched_entities": matched},
+                entry.is_current, entry.superseded_by, now,
+                None if entry.is_current else now)
+            current = entry.is_current
+            closed_at = None if current else now
             ids: dict[str, str] = {}
             for m, res in zip(paper.mentions, entry.resolved.resolutions, strict=True):
                 ids[m.mention_id] = res.entity_id
                 mentions.add(
-                    paper_id=paper.paper_id, revision=paper.revision,
-                    content_hash=paper.content_hash, mention_id=m.mention_id,
-                    mention_index=m.index, text=m.text, entity_type=m.entity_type,
-                    entity_id=res.entity_id, status=res.status, match_kind=res.match_kind,
-                    created=res.created, resolved_type=res.entity_type,
-                    display_form=res.display_form, matched_name=res.matched_name,
-                    span=_span(m.span), is_current=entry.is_current)
+                    paper.paper_id, paper.revision, paper.content_hash, m.mention_id, m.index,
+                    m.text, m.entity_type, res.entity_id, res.status, res.match_kind,
+                    res.created, res.entity_type, res.display_form, res.matched_name,
+                    _span(m.span), current)
             for r in paper.relationships:
                 rels.add(
-                    relationship_id=r.relationship_id, paper_id=paper.paper_id,
-                    revision=paper.revision, content_hash=paper.content_hash,
-                    relationship_index=r.index, subject_mention_id=r.subject_mention_id,
-                    subject_id=ids[r.subject_mention_id], predicate=r.predicate,
-                    raw_predicate=r.raw_predicate, inverted=r.inverted,
-                    object_mention_id=r.object_mention_id, object_id=ids[r.object_mention_id],
-                    confidence=r.confidence, evidence_span=_span(r.evidence_span),
-                    evidence_quote=r.evidence_quote, valid_from=now,
-                    valid_to=None if entry.is_current else now, closed_in_revision=entry.closed_in)
-        self._append("papers", papers.table(PAPERS_SCHEMA))
-        if mentions.columns:
-            self._append("mentions", mentions.table(MENTIONS_SCHEMA))
-        if rels.columns:
-            self._append("relationships", rels.table(RELATIONSHIPS_SCHEMA))
+                    r.relationship_id, paper.paper_id, paper.revision, paper.content_hash,
+                    r.index, r.subject_mention_id, ids[r.subject_mention_id], r.predicate,
+                    r.raw_predicate, r.inverted, r.object_mention_id, ids[r.object_mention_id],
+                    r.confidence, _span(r.evidence_span), r.evidence_quote, now, closed_at,
+                    entry.closed_in)
+        self._append("papers", papers.table())
+        if mentions:
+            self._append("mentions", mentions.table())
+        if rels:
+            self._append("relationships", rels.table())
 
     def _append(self, name: str, table: pa.Table) -> None:
         self._con.register("_new", table)
@@ -507,18 +504,17 @@ class GraphSink:
             }
             for c in merges:
                 direct[c.entity_id] = (c.other_id, c.sequence, c.recorded_at)
-            rows = _Rows()
+            rows = _Rows(REDIRECTS_SCHEMA)
             for source, (into, seq, at) in sorted(direct.items()):
                 target, hops = into, 0
                 while target in direct and target != source and hops < len(direct):
                     target = direct[target][0]
                     hops += 1
-                rows.add(from_id=source, to_id=target, merged_into=into, sequence=seq,
-                         recorded_at=at)
+                rows.add(source, target, into, seq, at)
             if merges:
                 self._con.execute("DELETE FROM redirects")
-                if rows.columns:
-                    self._append("redirects", rows.table(REDIRECTS_SCHEMA))
+                if rows:
+                    self._append("redirects", rows.table())
             if links is not None:
                 stored = self._con.execute(
                     "SELECT entity_id, other_id, sequence FROM possibly_same_as ORDER BY ALL"
@@ -526,11 +522,11 @@ class GraphSink:
                 fresh = sorted((x.entity_id, x.other_id, x.sequence) for x in links)
                 if stored != fresh:
                     self._con.execute("DELETE FROM possibly_same_as")
-                    link_rows = _Rows()
+                    link_rows = _Rows(LINKS_SCHEMA)
                     for a, b, seq in fresh:
-                        link_rows.add(entity_id=a, other_id=b, sequence=seq)
-                    if link_rows.columns:
-                        self._append("possibly_same_as", link_rows.table(LINKS_SCHEMA))
+                        link_rows.add(a, b, seq)
+                    if link_rows:
+                        self._append("possibly_same_as", link_rows.table())
             before = self.last_sequence(feed)
             last = max([before, last_sequence, *(c.sequence for c in changes)])
             if last != before:

@@ -23,6 +23,7 @@ from ingest.models import (
     PaperEnvelope,
     RelationshipIn,
     Span,
+    SpanError,
     to_span,
 )
 from ingest.read import RawLine
@@ -156,8 +157,8 @@ def _json_type(value: Any) -> str:
 def _span(value: Any, where: str) -> Span | None:
     try:
         return to_span(value)
-    except ValidationError as e:
-        raise _ItemError(_describe(e, where)) from e
+    except SpanError as e:
+        raise _ItemError(f"{where}: {e}") from e
 
 
 def parse_line(raw: RawLine, *, vocabulary: Vocabulary, limits: Limits) -> CheckedPaper | LineReject:

@@ -125,7 +125,7 @@ BAD_MENTIONS = [
     ({"id": "m3", "text": "x" * 513, "type": "method"}, "513 characters long"),
     ({"text": "X", "type": "method"}, "id: required field is missing"),
     ({"id": "m3", "text": "X", "type": "method", "span": [1]}, "span"),
-    ({"id": "m3", "text": "X", "type": "method", "span": [-1, 2]}, "greater than or equal"),
+    ({"id": "m3", "text": "X", "type": "method", "span": [-1, 2]}, "must be non-negative"),
     ({"id": "m1", "text": "Again", "type": "method"}, "duplicate mention id 'm1'"),
     (["m3"], "must be a JSON object, got array"),
 ]
