@@ -225,6 +225,16 @@ def test_ambiguous_mentions_share_one_placeholder_linked_to_every_best_candidate
     assert (look.entity_id, look.match_kind) == (first.entity_id, pb.AMBIGUOUS)
 
 
+def test_two_strong_typo_candidates_are_ambiguous(stub: Stub) -> None:
+    import_records(stub, rec("P-SMITH", "Jonathan Smith", "person"),
+                   rec("P-SMYTH", "Jonathan Smyth", "person"))
+    amb = resolve(stub, "Jonathan Smth", "person")
+    assert amb.match_kind == pb.AMBIGUOUS and amb.created
+    assert list(amb.candidates) == ["P-SMITH", "P-SMYTH"]
+    assert sorted(amb.possibly_same_as) == ["P-SMITH", "P-SMYTH"]
+    assert get(stub, amb.entity_id).placeholder
+
+
 def test_weak_candidates_make_a_new_entity_linked_to_them(stub: Stub) -> None:
     import_records(stub, rec("C-AI", "AI", "concept"), rec("P-MARIA", "Maria", "person"),
                    rec("T-WIN", "Windows 10", "tool"), rec("C-CAT", "Cat", "concept"),
@@ -266,8 +276,12 @@ def test_lookup_only_writes_nothing(stub: Stub) -> None:
     assert new.status == pb.ENTITY_STATUS_UNSPECIFIED
     assert new.display_form == "Brand New Thing"
 
-    import_records(stub, rec("P-1", "Jordan Smith", "person"), rec("P-2", "Jordan Smith", "person"))
+    import_records(stub, rec("P-1", "Jordan Smith", "person"), rec("P-2", "Jordan Smith", "person"),
+                   rec("P-MARIA", "Maria", "person"))
     before = changes(stub)
+    weak = resolve(stub, "Mario", "person", lookup_only=True)
+    assert (weak.entity_id, weak.match_kind, weak.matched_name) == ("", pb.NEW, "Maria")
+    assert list(weak.candidates) == ["P-MARIA"] and list(weak.possibly_same_as) == []
     amb = resolve(stub, "Jordan Smith", "person", lookup_only=True)
     assert amb.match_kind == pb.AMBIGUOUS and amb.entity_id == ""
     assert list(amb.candidates) == ["P-1", "P-2"] and list(amb.possibly_same_as) == []

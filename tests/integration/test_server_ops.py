@@ -417,6 +417,13 @@ def test_cli_resolve_prints_the_id(db_url: str) -> None:
         assert fields["entity_id"] == "Q-ADA" and fields["match_kind"] == "CASE"
         assert fields["status"] == "CANONICAL"
 
+    # The server is gone now: the command says so and fails.
+    done = subprocess.run(
+        [str(CLI), "resolve", "Ada Lovelace", "--server", address, "--timeout", "3"],
+        capture_output=True, text=True, env=_env(), timeout=30,
+    )
+    assert done.returncode != 0 and "UNAVAILABLE" in done.stderr
+
 
 # -- TLS ------------------------------------------------------------------------------------------
 
