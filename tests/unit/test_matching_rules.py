@@ -23,7 +23,7 @@ EXACT, CASE, PUNCT = MatchKind.EXACT, MatchKind.CASE, MatchKind.PUNCTUATION
 ALIAS, TYPO, AMBIG, NEW = MatchKind.ALIAS, MatchKind.TYPO, MatchKind.AMBIGUOUS, MatchKind.NEW
 
 
-# -- helpers ----------------------------------------------------------------------------------------
+# -- helpers ---------------------------------------------------------------------------------------
 
 
 def rec(eid: str, name: str, etype: str, *aliases: str) -> str:
@@ -74,7 +74,7 @@ def make_service(tmp_path: Path) -> Iterator[Callable[..., IdentityService]]:
         svc.store.close()
 
 
-# -- rules 1 to 4, converged: one table -------------------------------------------------------------
+# -- rules 1 to 4, converged: one table ------------------------------------------------------------
 
 AUTHORITY = [
     rec("Q1", "Ada Lovelace", "person"),
@@ -242,7 +242,7 @@ def test_provisional_name_is_a_typo_anchor(service: IdentityService) -> None:
     assert (r.entity_id, r.match_kind, r.matched_name) == (p, TYPO, "Quantum Annealing")
 
 
-# -- rule order and ranking ---------------------------------------------------------------------------
+# -- rule order and ranking ------------------------------------------------------------------------
 
 
 def test_first_rule_with_a_compatible_candidate_decides(service: IdentityService) -> None:
@@ -299,7 +299,7 @@ def test_ranking_ties_in_creation_order(service: IdentityService) -> None:
     assert r.candidates == ("Z9", "A0", "M5")
 
 
-# -- ambiguity and placeholders ---------------------------------------------------------------------
+# -- ambiguity and placeholders --------------------------------------------------------------------
 
 
 def test_ambiguous_pair_has_one_placeholder(service: IdentityService) -> None:
@@ -405,7 +405,7 @@ def test_placeholder_never_promoted_automatically(
     assert (r.entity_id, r.status) == (p.entity_id, Status.CANONICAL)
 
 
-# -- types ------------------------------------------------------------------------------------------
+# -- types -----------------------------------------------------------------------------------------
 
 
 def test_type_upgrade_of_provisional_other(service: IdentityService) -> None:
@@ -476,7 +476,7 @@ def test_configured_vocabulary(make_service: Callable[..., IdentityService]) -> 
     assert svc.resolve("Ada Lovelace", "person").entity_type == "other"
 
 
-# -- surface forms and matched_name ------------------------------------------------------------------
+# -- surface forms and matched_name ----------------------------------------------------------------
 
 
 def test_surface_forms_recorded_on_convergence(service: IdentityService) -> None:
@@ -534,7 +534,7 @@ def test_matched_name_surface_forms_in_recorded_order(service: IdentityService) 
     assert (r.entity_id, r.match_kind, r.matched_name) == ("T", PUNCT, "Mem Castle")
 
 
-# -- lookup_only ------------------------------------------------------------------------------------
+# -- lookup_only -----------------------------------------------------------------------------------
 
 
 def _lookup_world(service: IdentityService) -> dict[str, str]:
@@ -608,7 +608,7 @@ def test_lookup_only_batch_writes_nothing(service: IdentityService) -> None:
         ("Q1", CASE), ("", NEW), ("", NEW)]
 
 
-# -- merge --------------------------------------------------------------------------------------------
+# -- merge -----------------------------------------------------------------------------------------
 
 
 def test_merge_redirects_to_live_end_of_chain(service: IdentityService) -> None:
@@ -646,8 +646,8 @@ def test_merge_moves_names_by_status(service: IdentityService) -> None:
          rec("T", "Alpha Corporation", "organization"))
     p = new_id(service, "Alfa Korp", "other", context_id="p1")
     service.resolve("ALFA KORP", "other", context_id="p2")  # surface form of p
-    weak = service.resolve("Alfa Korpo", "other")  # no: 'alfakorp'->'alfakorpo' is 8: strong
-    assert (weak.entity_id, weak.match_kind) == (p, TYPO)
+    typo = service.resolve("Alfa Korpo", "other")  # shorter key 8: a strong typo of p's name
+    assert (typo.entity_id, typo.match_kind) == (p, TYPO)
     service.merge("S", "T")
     service.merge(p, "T")
     t = service.get_entity("T")
@@ -732,7 +732,7 @@ def test_merge_keeps_target_type(service: IdentityService) -> None:
                                                                Status.PROVISIONAL)
 
 
-# -- review decisions ---------------------------------------------------------------------------------
+# -- review decisions ------------------------------------------------------------------------------
 
 
 def test_distinct_is_sticky(service: IdentityService) -> None:
@@ -772,7 +772,7 @@ def test_settle_same_merges_into_better_ranked(service: IdentityService) -> None
     assert links(service) == set()
 
 
-# -- import -----------------------------------------------------------------------------------------
+# -- import ----------------------------------------------------------------------------------------
 
 IMPORT_MERGE_CASES: list[tuple[str, str, str, str, str, bool]] = [
     # (id, provisional mention, its type, record name, record type, merged?)
@@ -891,7 +891,7 @@ def test_import_csv_line_numbers(service: IdentityService) -> None:
     assert set(service.get_entity("C1").aliases) == {"DN", "D-Net"}
 
 
-# -- evidence, batches, idempotency ------------------------------------------------------------------
+# -- evidence, batches, idempotency ----------------------------------------------------------------
 
 
 def test_evidence_counted_per_paper(service: IdentityService) -> None:
@@ -987,7 +987,7 @@ def test_batch_replay_is_idempotent(service: IdentityService) -> None:
     assert service.get_entity("Q1").paper_count == 2
 
 
-# -- invalid mentions ---------------------------------------------------------------------------------
+# -- invalid mentions ------------------------------------------------------------------------------
 
 INVALID = [
     ("empty", ""),
@@ -1059,3 +1059,21 @@ def test_stored_names_are_display_forms(service: IdentityService) -> None:
     service.resolve("mem\u3000castle", "tool")
     assert _view_names(service.get_entity("Q")) == (
         "Mem Castle", ("file store", "Mem Castle Pro"), ("mem castle",))
+
+
+def test_settle_same_prefers_non_placeholder_over_older_placeholder(
+    service: IdentityService,
+) -> None:
+    """'the better-ranked entity is the target: canonical before provisional, a non-placeholder
+    before a placeholder, then the older one'; weak links go to the best-ranked candidate, here a
+    same-typed placeholder ahead of canonical `other` entities."""
+    load(service, rec("J1", "Mario", "other"), rec("J2", "Mario", "other"))
+    ph = service.resolve("Mario", "person")
+    assert (ph.match_kind, ph.entity_type) == (AMBIG, "person")
+    p = service.resolve("Maria", "person")
+    assert (p.match_kind, p.candidates) == (NEW, (ph.entity_id, "J1", "J2"))
+    assert p.possibly_same_as == (ph.entity_id,)
+    view = service.settle(ph.entity_id, p.entity_id, "same", actor="curator", reason="same")
+    assert view.entity_id == p.entity_id
+    assert service.get_entity(ph.entity_id).redirect_to == p.entity_id
+    assert service.get_entity(p.entity_id).surface_forms == ("Mario",)
