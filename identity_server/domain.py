@@ -134,7 +134,7 @@ class TypeVocabulary:
         t = _trim(raw).casefold()
         if t in self.types:
             return t
-        if self.strict:
+        if self.strict and t:  # strict refuses unknown types; an empty one still reads as other
             raise InvalidArgument(
                 f"unknown entity type {raw!r}; known types: {', '.join(sorted(self.types))}"
             )

@@ -340,13 +340,14 @@ class IdentityService:
 
     def _view(self, tx: Tx, entity: Entity) -> EntityView:
         redirect = ""
-        group = [entity.entity_id]
         if entity.status is Status.MERGED:
+            # Its evidence moved with it: the live entity at the end of the chain counts it.
             live = self.index.live(entity.entity_id)
             redirect = live.entity_id if live is not None else entity.redirect_to or ""
+            evidence, papers = 0, 0
         else:
-            group += tx.merged_into(entity.entity_id)
-        evidence, papers = tx.evidence_summary(group)
+            group = [entity.entity_id, *tx.merged_into(entity.entity_id)]
+            evidence, papers = tx.evidence_summary(group)
         return EntityView(
             entity_id=entity.entity_id,
             name=entity.name,
@@ -408,10 +409,8 @@ class IdentityService:
     def merge(self, source_id: str, target_id: str) -> EntityView:
         def work(u: Unit) -> EntityView:
             source, target = self._live(source_id), self._live(target_id)
-            original = self.index.get(source_id)
-            if (source.entity_id == target.entity_id and original is not None
-                    and original.status is Status.MERGED):
-                return self._view(u.tx, target)  # already merged: a no-op
+            if source.entity_id == target.entity_id and source_id != target_id:
+                return self._view(u.tx, target)  # the pair is already merged: a no-op
             u.check_mergeable(source, target)
             return self._view(u.tx, u.merge(source, target, reason="admin"))
 
@@ -470,7 +469,7 @@ class IdentityService:
         for i in range(0, len(pending), IMPORT_CHUNK):
             part = pending[i : i + IMPORT_CHUNK]
             self._write(lambda u: self._import_merges(u, part, counts))
-        return ImportReport(errors=tuple(errors), **counts)
+        return ImportReport(errors=tuple(sorted(errors, key=lambda e: e.line)), **counts)
 
     def _import_chunk(self, u: Unit, records: list[AuthorityRecord], counts: dict[str, int],
                       keys: dict[str, None], errors: list[RecordError]) -> None:

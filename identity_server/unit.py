@@ -128,12 +128,13 @@ class Unit:
         def assign(display: str, kind: NameKind, source: str) -> None:
             nonlocal position
             old = rows.get(display)
-            if old is not None and old.kind == kind.value and old.source == source:
+            if old is not None and old.kind == kind.value:
+                if old.source != source:
+                    changed[display] = dataclasses.replace(old, source=source)
                 return
-            keep = old is not None and old.kind != RETIRED
-            changed[display] = NameRow(display, kind.value, old.position if keep and old else position, source)
-            if not keep:
-                position += 1
+            # Recorded now in its new role: it goes after the names already recorded in it.
+            changed[display] = NameRow(display, kind.value, position, source)
+            position += 1
 
         for r in rows.values():
             if r.kind == NameKind.NAME.value and r.display != name:
@@ -163,11 +164,10 @@ class Unit:
         if existing is not None:
             if not (existing.kind is NameKind.SURFACE and kind is NameKind.ALIAS):
                 return entity
-            position = existing.position
             names = tuple(n for n in entity.names if n is not existing)
         else:
-            position = self._next_position(entity)
             names = entity.names
+        position = self._next_position(entity)
         self.tx.put_names(entity.entity_id, [NameRow(display, kind.value, position, source)])
         updated = dataclasses.replace(entity, names=names + (Name(display, kind, position),))
         change = ALIAS_ADDED if kind is NameKind.ALIAS else SURFACE_FORM_ADDED
@@ -249,7 +249,8 @@ class Unit:
             old = t_rows.get(n.display)
             if old is not None and old.kind != RETIRED:
                 if old.kind == NameKind.SURFACE.value and kind is NameKind.ALIAS:
-                    moved.append(NameRow(n.display, kind.value, old.position, "merge"))
+                    moved.append(NameRow(n.display, kind.value, position, "merge"))
+                    position += 1
                 continue
             moved.append(NameRow(n.display, kind.value, position, "merge"))
             position += 1
