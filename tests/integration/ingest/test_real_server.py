@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -140,3 +146,42 @@ def test_possibly_same_as_links_reach_stats_after_sync(
     out = capsys.readouterr().out
     assert "possibly_same_as: 1 open links" in out
     assert "Mario" in out and "Maria" in out
+
+
+def _embedded(corpus: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "INGEST_GROUP_PAPERS": "10"}
+    with (cwd / "ingest.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ingest.cli", "run", str(corpus), "--db", "graph.duckdb",
+             "--concurrency", "1", "--no-progress"],
+            cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
+@pytest.mark.slow
+def test_embedded_job_killed_with_sigkill_and_rerun_equals_one_clean_run(
+        tmp_path: Path, jsonl: Callable[..., Path], snapshot: Callable[..., Any]) -> None:
+    from ingest.testing import synthetic_papers
+
+    papers: list[Any] = list(synthetic_papers(400, mentions_per_paper=8,
+                                              relationships_per_paper=5, seed=21))
+    papers.insert(150, "not json at all")
+    corpus = jsonl(tmp_path / "corpus.jsonl", papers)
+    clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
+    clean_dir.mkdir()
+    killed_dir.mkdir()
+    started = time.monotonic()
+    assert _embedded(corpus, clean_dir).wait(timeout=120) == 0, (
+        clean_dir / "ingest.log").read_text()
+    duration = time.monotonic() - started
+    seed = random.randrange(1 << 30)
+    proc = _embedded(corpus, killed_dir)
+    time.sleep(random.Random(seed).uniform(0.35, 0.85) * duration)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL, f"seed {seed}: job ended before the kill"
+    assert _embedded(corpus, killed_dir).wait(timeout=120) == 0, (
+        killed_dir / "ingest.log").read_text()
+    expected = snapshot(clean_dir / "graph.duckdb")
+    got = snapshot(killed_dir / "graph.duckdb")
+    assert len(expected["papers"]) == 400
+    for table in expected:
+        assert got[table] == expected[table], f"table {table} differs (seed {seed})"
