@@ -85,7 +85,7 @@ def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
     assert settings.db is not None
     vocabulary = (load_vocabulary(settings.vocabulary_file) if settings.vocabulary_file
                   else default_vocabulary())
-    options = JobOptions(concurrency=settings.concurrency, limits=settings.limits(),
+    options = JobOptions(concurrency=settings.effective_concurrency(), limits=settings.limits(),
                          vocabulary=vocabulary, group_papers=settings.group_papers)
     total = _count_lines(paths)
     with GraphSink(settings.db) as sink, identity_server_address(settings) as address, \

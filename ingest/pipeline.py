@@ -15,7 +15,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Protocol
 
@@ -47,6 +46,7 @@ class JobOptions:
     limits: Limits = field(default_factory=Limits)
     vocabulary: Vocabulary = field(default_factory=default_vocabulary)
     chunk_lines: int = 256
+    chunk_bytes: int = 32 * 1024 * 1024
     group_papers: int = 500
     group_rows: int = 50_000
     flush_seconds: float = 1.0
@@ -100,9 +100,17 @@ class _Unchanged:
     paper_id: str
 
 
-def _chunks(lines: Iterable[RawLine], size: int) -> Iterator[list[RawLine]]:
-    it = iter(lines)
-    while chunk := list(islice(it, size)):
+def _chunks(lines: Iterable[RawLine], size: int, max_bytes: int) -> Iterator[list[RawLine]]:
+    """Groups lines by count and by bytes, so a chunk of huge lines stays bounded too."""
+    chunk: list[RawLine] = []
+    total = 0
+    for line in lines:
+        chunk.append(line)
+        total += line.size
+        if len(chunk) >= size or total >= max_bytes:
+            yield chunk
+            chunk, total = [], 0
+    if chunk:
         yield chunk
 
 
@@ -176,7 +184,7 @@ def run_job(
                             thread_name_prefix="ingest-resolve") as pool:
         try:
             for chunk in _chunks(read_inputs(paths, max_line_bytes=opts.limits.max_line_bytes),
-                                 opts.chunk_lines):
+                                 opts.chunk_lines, opts.chunk_bytes):
                 summary.lines_read += len(chunk)
                 parsed = [parse_line(raw, vocabulary=opts.vocabulary, limits=opts.limits)
                           for raw in chunk]

@@ -29,7 +29,11 @@ class Settings(BaseSettings):
         description="Identity store of the embedded server (SQLite in the working directory).",
     )
     admin_token: str | None = Field(default=None, description="Bearer token for admin RPCs.")
-    concurrency: int = Field(default=8, ge=1, le=256, description="Papers in flight.")
+    concurrency: int | None = Field(
+        default=None, ge=1, le=256,
+        description="Papers in flight; unset: 8 with --server, 1 with the embedded server "
+        "(which shares this process, so more threads only contend).",
+    )
     deadline_seconds: float = Field(default=10.0, gt=0, description="Deadline of each RPC.")
     retry_budget_seconds: float = Field(
         default=120.0, ge=0, description="How long to retry UNAVAILABLE / DEADLINE_EXCEEDED."
@@ -44,6 +48,11 @@ class Settings(BaseSettings):
     )
     group_papers: int = Field(default=500, ge=1, description="Papers per write transaction.")
     progress: bool = Field(default=True, description="Show a progress bar on stderr.")
+
+    def effective_concurrency(self) -> int:
+        if self.concurrency is not None:
+            return self.concurrency
+        return 8 if self.server else 1
 
     def limits(self) -> Limits:
         return Limits(

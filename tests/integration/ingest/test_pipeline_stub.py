@@ -310,3 +310,37 @@ def test_merge_on_the_server_shows_through_the_views_after_sync(
         (bert,)]  # stored edges are never rewritten
     assert rows(db, "SELECT resolved_id FROM mentions_resolved WHERE mention_id = 'm1'") == [(y,)]
     assert (y,) in rows(db, "SELECT entity_id FROM entities")
+
+
+def test_memory_does_not_grow_with_the_batch(
+        tmp_path: Path, jsonl: Callable[..., Path]) -> None:
+    import subprocess
+    import sys
+    import tracemalloc
+
+    # The stub keeps every reply, so it runs in its own process: only the client is measured.
+    server = subprocess.Popen([sys.executable, "-m", "ingest.testing"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout is not None
+        address = server.stdout.readline().strip()
+
+        def peak(n: int) -> int:
+            corpus = jsonl(tmp_path / f"in{n}.jsonl", synthetic_papers(
+                n, mentions_per_paper=6, relationships_per_paper=4, seed=n))
+            tracemalloc.start()
+            try:
+                summary, _ = ingest([corpus], tmp_path / f"g{n}.duckdb", address,
+                                    concurrency=2, chunk_lines=32, group_papers=40)
+                assert summary.ingested == n
+                return tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+
+        small, large = peak(150), peak(900)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        if server.stdout is not None:
+            server.stdout.close()
+    assert large < small * 1.5, (small, large)
