@@ -141,15 +141,27 @@ class NameIndex:
         if entity.status is Status.MERGED:
             return
         eid = entity.entity_id
+        anchors, variants = self._anchor_ids, self._variants
         for n in entity.names:
             _add(self._by_display, n.display, eid)
             _add(self._by_fold, n.folded, eid)
-            _add(self._by_key, n.key, eid)
-            if n.kind is not NameKind.SURFACE and len(n.key) >= MIN_TYPO_KEY:
-                if n.key not in self._anchor_ids:
-                    for variant in deletion_variants(n.key):
-                        _add(self._variants, variant, n.key)
-                _add(self._anchor_ids, n.key, eid)
+            k = n.key
+            _add(self._by_key, k, eid)
+            if n.kind is NameKind.SURFACE or len(k) < MIN_TYPO_KEY:
+                continue
+            if k not in anchors:
+                # Inlined _add over the variants: this loop is most of the index's build time.
+                for i in range(len(k) + 1):
+                    variant = k[:i] + k[i + 1 :]
+                    found = variants.get(variant)
+                    if found is None:
+                        variants[variant] = k
+                    elif found.__class__ is str:
+                        if found != k:
+                            variants[variant] = {found, k}  # type: ignore[arg-type]
+                    else:
+                        found.add(k)  # type: ignore[union-attr]
+            _add(anchors, k, eid)
 
     def _unindex(self, entity: Entity) -> None:
         eid = entity.entity_id
