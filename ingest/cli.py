@@ -60,7 +60,10 @@ def _client(settings: Settings, address: str) -> IdentityClient:
 
 def _progress(settings: Settings, total: int | None) -> tuple[Callable[[int], None], Any]:
     if not settings.progress:
-        return (lambda n: None), None
+        def ignore(n: int) -> None:
+            return None
+
+        return ignore, None
     from tqdm import tqdm
 
     bar = tqdm(total=total, unit="paper", file=sys.stderr, dynamic_ncols=True,
@@ -76,7 +79,7 @@ def _count_lines(paths: Sequence[str]) -> int | None:
     total = 0
     for f in files:
         with f.open("rb") as fh:
-            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+            while block := fh.read(1 << 20):
                 total += block.count(b"\n")
     return total
 
@@ -126,18 +129,21 @@ def cmd_stats(settings: Settings, top: int) -> int:
     if not settings.db.exists():
         raise SinkError(f"graph database {settings.db} does not exist")
     with GraphSink(settings.db) as sink:
-        one = lambda sql: sink.query(sql)[0][0]  # noqa: E731
+
+        def one(sql: str) -> Any:
+            return sink.query(sql)[0][0]
+
         out = [
-            f"papers:          {one('SELECT count(*) FROM papers WHERE is_current')} "
-            f"({one('SELECT count(*) FROM papers')} revisions)",
+            (f"papers:          {one('SELECT count(*) FROM papers WHERE is_current')} "
+            f"({one('SELECT count(*) FROM papers')} revisions)"),
             f"mentions:        {one('SELECT count(*) FROM mentions WHERE is_current')}",
-            f"relationships:   {one('SELECT count(*) FROM relationships WHERE valid_to IS NULL')}"
+            (f"relationships:   {one('SELECT count(*) FROM relationships WHERE valid_to IS NULL')}"
             f" open, {one('SELECT count(*) FROM relationships WHERE valid_to IS NOT NULL')}"
-            " closed",
+            " closed"),
             f"entities:        {one('SELECT count(*) FROM entities')}",
             f"rejects:         {one('SELECT count(*) FROM rejects')}",
-            f"redirects:       {one('SELECT count(*) FROM redirects')} "
-            f"(feed synced to {sink.last_sequence()})",
+            (f"redirects:       {one('SELECT count(*) FROM redirects')} "
+            f"(feed synced to {sink.last_sequence()})"),
             f"possibly_same_as: {one('SELECT count(*) FROM possibly_same_as')} open links",
             "",
             f"top {top} entities (by papers):",

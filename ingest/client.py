@@ -14,10 +14,9 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
-
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
@@ -184,13 +183,14 @@ class IdentityClient:
             if credentials is not None
             else grpc.insecure_channel(target, options=options)
         )
-        self._stub = pb_grpc.IdentityServiceStub(self._channel)
+        # The generated stub is untyped; replies are typed through the pb2 stubs below.
+        self._stub: Any = pb_grpc.IdentityServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self.retries = 0
 
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> IdentityClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -304,6 +304,11 @@ class IdentityClient:
                 self._sleep(pause)
                 backoff = min(backoff * 2, self.policy.max_backoff)
 
+    def _list_links(self, request: pb.ListPossiblySameAsRequest) -> pb.ListPossiblySameAsResponse:
+        reply: pb.ListPossiblySameAsResponse = self._call(
+            "ListPossiblySameAs", lambda t: self._stub.ListPossiblySameAs(request, timeout=t))
+        return reply
+
     def list_possibly_same_as(self, entity_id: str = "") -> list[Link]:
         """All open possibly_same_as links (every page)."""
         links: list[Link] = []
@@ -311,8 +316,7 @@ class IdentityClient:
         while True:
             request = pb.ListPossiblySameAsRequest(entity_id=entity_id, page_size=1000,
                                                    page_token=token)
-            reply = self._call("ListPossiblySameAs",
-                               lambda t, r=request: self._stub.ListPossiblySameAs(r, timeout=t))
+            reply = self._list_links(request)
             links.extend(Link(x.entity_id, x.other_id, x.sequence) for x in reply.links)
             token = reply.next_page_token
             if not token:

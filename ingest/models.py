@@ -32,9 +32,8 @@ class Limits:
 
 def _limits(info: ValidationInfo) -> Limits:
     context = info.context
-    if isinstance(context, dict) and isinstance(context.get("limits"), Limits):
-        return context["limits"]
-    return Limits()
+    limits = context.get("limits") if isinstance(context, dict) else None
+    return limits if isinstance(limits, Limits) else Limits()
 
 
 _STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)

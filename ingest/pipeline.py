@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ingest.client import ChangeEvent, IdentityClient, IdentityError, ItemFailure, Resolution, ServerUnavailable
+from ingest.client import (
+    ChangeEvent,
+    IdentityClient,
+    IdentityError,
+    ItemFailure,
+    Resolution,
+    ServerUnavailable,
+)
 from ingest.models import Limits
 from ingest.read import RawLine, read_inputs
 from ingest.sink import GraphSink, ResolvedPaper, WriteOutcome
@@ -90,8 +97,8 @@ class Summary:
             + (" (see table rejects)" if self.rejected_items or self.rejected_lines else ""),
             f"entities:          {self.new_entities} new, {self.matched_entities} matched",
             f"relationships:     {self.relationships}",
-            f"rate:              {self.papers_per_second:.1f} papers/s "
-            f"({self.elapsed_seconds:.2f} s)",
+            (f"rate:              {self.papers_per_second:.1f} papers/s "
+            f"({self.elapsed_seconds:.2f} s)"),
         ]
 
 

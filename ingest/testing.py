@@ -29,10 +29,9 @@ from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn, Self
 
 import grpc
-
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
@@ -59,10 +58,16 @@ class _Entity:
     entity_id: str
     name: str
     entity_type: str
-    status: int = pb.PROVISIONAL
+    status: pb.EntityStatus = pb.PROVISIONAL
     surface_forms: list[str] = field(default_factory=list)
     redirect_to: str = ""
     contexts: list[str] = field(default_factory=list)
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    """``context.abort`` always raises; this says so to the type checker."""
+    context.abort(code, message)
+    raise AssertionError("context.abort returned")
 
 
 class _Abort(Exception):
@@ -122,7 +127,7 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):
         if failure is not None:
             context.abort(failure, f"stub: injected {failure.name}")
 
-    def _record(self, kind: int, entity_id: str, other_id: str, detail: dict[str, Any]) -> int:
+    def _record(self, kind: pb.ChangeKind, entity_id: str, other_id: str, detail: dict[str, Any]) -> int:
         seq = len(self._changes) + 1
         self._changes.append(pb.Change(
             sequence=seq, kind=kind, entity_id=entity_id, other_id=other_id,
@@ -204,7 +209,7 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):
                 return self._resolve_one(request.mention, request.entity_type,
                                          request.context_id, request.lookup_only)
         except _Abort as e:
-            context.abort(e.code, e.message)
+            _abort(context, e.code, e.message)
 
     def ResolveBatch(self, request: pb.ResolveBatchRequest,
                      context: grpc.ServicerContext) -> pb.ResolveBatchResponse:
@@ -240,7 +245,7 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):
                 return pb.GetEntityResponse(entity=self._entity_pb(
                     self._entities[request.entity_id]))
         except _Abort as e:
-            context.abort(e.code, e.message)
+            _abort(context, e.code, e.message)
 
     def Merge(self, request: pb.MergeRequest,
               context: grpc.ServicerContext) -> pb.MergeResponse:
@@ -262,7 +267,7 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):
                 self._record(pb.CHANGE_KIND_MERGED, source.entity_id, target.entity_id, {})
                 return pb.MergeResponse(entity=self._entity_pb(target))
         except _Abort as e:
-            context.abort(e.code, e.message)
+            _abort(context, e.code, e.message)
 
     def ListPossiblySameAs(self, request: pb.ListPossiblySameAsRequest,
                            context: grpc.ServicerContext) -> pb.ListPossiblySameAsResponse:
@@ -335,7 +340,7 @@ class StubServer:
     def stop(self, grace: float | None = None) -> None:
         self._server.stop(grace).wait()
 
-    def __enter__(self) -> StubServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -347,7 +352,7 @@ def serve_stub(*, port: int = 0, max_workers: int = 8,
     """Starts the stub on 127.0.0.1 (port 0 picks a free one) and returns it running."""
     servicer = StubIdentityService(admin_token=admin_token)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
-    pb_grpc.add_IdentityServiceServicer_to_server(servicer, server)
+    pb_grpc.add_IdentityServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     logger.info("stub identity server listening on 127.0.0.1:%d", bound)

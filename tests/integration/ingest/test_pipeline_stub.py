@@ -266,9 +266,9 @@ def test_server_gone_for_good_fails_the_job_and_keeps_what_was_written(
     with serve_stub() as gone:
         address = gone.address
     policy = RetryPolicy(deadline_seconds=0.2, budget_seconds=0.5, initial_backoff=0.05)
-    with GraphSink(tmp_path / "g.duckdb") as sink, IdentityClient(address, policy=policy) as c:
-        with pytest.raises(JobError, match="UNAVAILABLE"):
-            run_job([corpus], sink=sink, resolver=c)
+    with (GraphSink(tmp_path / "g.duckdb") as sink, IdentityClient(address, policy=policy) as c,
+          pytest.raises(JobError, match="UNAVAILABLE")):
+        run_job([corpus], sink=sink, resolver=c)
 
 
 def test_non_retryable_error_rejects_the_paper_only(
