@@ -211,6 +211,11 @@ class IdentityService:
         m = self.parse_mention(mention, entity_type)
         if lookup_only:
             return self._read(lambda tx: self._look(tx, m))
+        if not context_id:
+            # Most repeat mentions change nothing: answer them without taking the write lock.
+            unchanged = self._read(lambda tx: self._converged_without_writes(m))
+            if unchanged is not None:
+                return unchanged
         return self._write(lambda u: self._resolve(u, m, context_id))
 
     def resolve_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
@@ -261,8 +266,7 @@ class IdentityService:
             entity = d.winner.entity
             if not entity.has_display(m.display):
                 entity = u.add_name(entity, m.display, NameKind.SURFACE)
-            if (entity.status is Status.PROVISIONAL and not entity.placeholder
-                    and entity.entity_type == OTHER and m.entity_type != OTHER):
+            if _takes_type(entity, m):
                 entity = u.upgrade_type(entity, m.entity_type)
             entity = self._record_evidence(u, entity, m, context_id)
             return _result(entity, d.match_kind, False, (), candidates, d.winner.matched_name, m)
@@ -289,6 +293,18 @@ class IdentityService:
         entity = self._record_evidence(u, entity, m, context_id)
         matched = d.best[0].matched_name if d.best else ""
         return _result(entity, MatchKind.NEW, True, linked, candidates, matched, m)
+
+    def _converged_without_writes(self, m: Mention) -> ResolveResult | None:
+        """The reply when resolving m would write nothing (no surface form, type or evidence)."""
+        d = decide(self.index, m.display, m.entity_type)
+        winner = d.winner
+        if winner is None or not winner.entity.has_display(m.display):
+            return None
+        e = winner.entity
+        if _takes_type(e, m):
+            return None
+        candidates = tuple(c.entity.entity_id for c in d.candidates)
+        return _result(e, d.match_kind, False, (), candidates, winner.matched_name, m)
 
     def _record_evidence(self, u: Unit, entity: Entity, m: Mention, context_id: str) -> Entity:
         """Evidence of the mention under its paper; promotes at the configured paper count."""
@@ -542,6 +558,12 @@ class IdentityService:
                 elif targets:
                     if any([u.link(p.entity_id, c.entity_id) for c in targets]):
                         counts["linked"] += 1
+
+
+def _takes_type(e: Entity, m: Mention) -> bool:
+    """SPEC: a provisional entity typed `other` takes a typed mention's type (not placeholders)."""
+    return (e.status is Status.PROVISIONAL and not e.placeholder and e.entity_type == OTHER
+            and m.entity_type != OTHER)
 
 
 def _merge_rank(e: Entity) -> tuple[int, int, int]:
