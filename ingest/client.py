@@ -201,7 +201,7 @@ class IdentityClient:
             return (("authorization", f"Bearer {self._admin_token}"),)
         return None
 
-    def _call(self, method: str, fn: Callable[[float], T]) -> T:
+    def _call(self, method: str, fn: Callable[[float], T], count: int = 1) -> T:
         """Runs ``fn(timeout)`` with retries on UNAVAILABLE / DEADLINE_EXCEEDED."""
         policy = self.policy
         give_up_at = time.monotonic() + policy.budget_seconds
@@ -216,7 +216,8 @@ class IdentityClient:
                 code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
                 details = (e.details() if isinstance(e, grpc.Call) else str(e)) or ""
                 if code not in RETRYABLE:
-                    logger.info("rpc=%s status=%s attempt=%d", method, code.name, attempt)
+                    logger.info("rpc=%s count=%d status=%s attempt=%d duration=%.4fs",
+                                method, count, code.name, attempt, time.monotonic() - started)
                     raise IdentityError(method, code.name, details) from e
                 pause = random.uniform(0, backoff)
                 if time.monotonic() + pause > give_up_at:
@@ -226,14 +227,14 @@ class IdentityClient:
                         f"{policy.budget_seconds:g} s; is the identity server at {self.target} "
                         "running?)",
                     ) from e
-                logger.warning("rpc=%s status=%s attempt=%d retry_in=%.3fs",
-                               method, code.name, attempt, pause)
+                logger.warning("rpc=%s count=%d status=%s attempt=%d retry_in=%.3fs",
+                               method, count, code.name, attempt, pause)
                 self.retries += 1
                 self._sleep(pause)
                 backoff = min(backoff * 2, policy.max_backoff)
                 continue
-            logger.debug("rpc=%s status=OK attempt=%d duration=%.4fs",
-                         method, attempt, time.monotonic() - started)
+            logger.debug("rpc=%s count=%d status=OK attempt=%d duration=%.4fs",
+                         method, count, attempt, time.monotonic() - started)
             return result
 
     def resolve(
@@ -253,7 +254,8 @@ class IdentityClient:
             mentions=[pb.Mention(mention=text, entity_type=etype) for text, etype in mentions],
             lookup_only=lookup_only,
         )
-        reply = self._call("ResolveBatch", lambda t: self._stub.ResolveBatch(request, timeout=t))
+        reply = self._call("ResolveBatch", lambda t: self._stub.ResolveBatch(request, timeout=t),
+                           count=len(mentions))
         if len(reply.results) != len(mentions):
             raise IdentityError("ResolveBatch", "INTERNAL",
                                 f"{len(reply.results)} results for {len(mentions)} mentions")

@@ -43,6 +43,11 @@ class Resolver(Protocol):
     ) -> list[Resolution | ItemFailure]: ...
 
 
+# Codes that say something is wrong with the whole job (not with one paper): stop, exit non-zero.
+JOB_FATAL_CODES = frozenset({"UNIMPLEMENTED", "UNAUTHENTICATED", "PERMISSION_DENIED",
+                             "CANCELLED"})
+
+
 class JobError(Exception):
     """The job could not run to the end (server gone for the retry budget, database error...)."""
 
@@ -131,6 +136,10 @@ def resolve_paper(resolver: Resolver, paper: CheckedPaper) -> ResolvedPaper | Li
     except ServerUnavailable:
         raise
     except IdentityError as e:
+        if e.code in JOB_FATAL_CODES:
+            raise
+        logger.warning("paper %s at %s refused by the identity server: %s",
+                       paper.paper_id, paper.position, e)
         return LineReject(paper.position, f"identity server refused the paper: {e}", "",
                           paper.paper_id, paper.content_hash)
     refused = {m.index: f"{o.code}: {o.message}"
@@ -209,7 +218,7 @@ def run_job(
             while window:
                 drain_one()
             flush()
-        except ServerUnavailable as e:
+        except (ServerUnavailable, IdentityError) as e:
             for pending in window:
                 if isinstance(pending, Future):
                     pending.cancel()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -217,6 +218,12 @@ def _span(span: Span | None) -> dict[str, int] | None:
     return None if span is None else {"start": span.start, "end": span.end}
 
 
+def _stable_position(position: str) -> str:
+    """``file:line`` with the file made absolute, so reruns from another directory match."""
+    path, _, line = position.rpartition(":")
+    return f"{os.path.abspath(path)}:{line}" if path else position
+
+
 def _reject_id(*parts: str | None) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -355,7 +362,8 @@ class GraphSink:
                     outcome.rejected_lines += 1
                     rid = (_reject_id("paper-line", item.paper_id, item.content_hash, item.reason)
                            if item.paper_id is not None
-                           else _reject_id("line", item.position, item.raw, item.reason))
+                           else _reject_id("line", _stable_position(item.position), item.raw,
+                                           item.reason))
                     rejects.add(rid, item.paper_id, None, item.content_hash, item.position, "",
                                 item.reason, item.raw, now)
                     continue

@@ -119,3 +119,26 @@ def test_job_killed_with_sigkill_and_rerun_equals_one_clean_run(
     got = snapshot(db)
     for table in expected:
         assert got[table] == expected[table], f"table {table} differs (seed {seed})"
+
+
+def test_rerun_from_another_directory_does_not_duplicate_rejects(
+        tmp_path: Path, stub: StubServer, monkeypatch: pytest.MonkeyPatch,
+        jsonl: Callable[..., Path]) -> None:
+    import duckdb
+
+    (tmp_path / "data").mkdir()
+    jsonl(tmp_path / "data" / "in.jsonl", ["{oops", {"paper_id": "p", "mentions": [],
+                                                     "relationships": [1]}])
+    db = tmp_path / "g.duckdb"
+    monkeypatch.chdir(tmp_path / "data")
+    assert main(["run", "in.jsonl", "--db", str(db), "--server", stub.address,
+                 "--no-progress"]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "data/in.jsonl", "--db", str(db), "--server", stub.address,
+                 "--no-progress"]) == 0
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        assert con.execute("SELECT position, item FROM rejects ORDER BY ALL").fetchall() == [
+            ("in.jsonl:1", ""), ("in.jsonl:2", "relationships[0]")]
+    finally:
+        con.close()

@@ -344,3 +344,13 @@ def test_memory_does_not_grow_with_the_batch(
         if server.stdout is not None:
             server.stdout.close()
     assert large < small * 1.5, (small, large)
+
+
+def test_a_server_that_refuses_every_call_fails_the_job(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path]) -> None:
+    corpus = jsonl(tmp_path / "in.jsonl", [small_paper("p1"), small_paper("p2")])
+    stub.servicer.fail_next(1, grpc.StatusCode.UNAUTHENTICATED)
+    with (GraphSink(tmp_path / "g.duckdb") as sink,
+          IdentityClient(stub.address, policy=FAST) as client,
+          pytest.raises(JobError, match="UNAUTHENTICATED")):
+        run_job([corpus], sink=sink, resolver=client, options=JobOptions(concurrency=1))
