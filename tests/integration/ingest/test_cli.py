@@ -142,3 +142,32 @@ def test_rerun_from_another_directory_does_not_duplicate_rejects(
             ("in.jsonl:1", ""), ("in.jsonl:2", "relationships[0]")]
     finally:
         con.close()
+
+
+def test_vocabulary_file_from_the_command_line(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import duckdb
+
+    paper = {"paper_id": "p", "mentions": [{"id": "a", "text": "Aspirin", "type": "material"},
+                                           {"id": "b", "text": "COX-1", "type": "concept"}],
+             "relationships": [{"subject": "b", "predicate": "is inhibited by", "object": "a"},
+                               {"subject": "a", "predicate": "blocks", "object": "b"}]}
+    corpus = jsonl(tmp_path / "in.jsonl", [paper])
+    vocab = tmp_path / "vocab.toml"
+    vocab.write_text('labels = ["inhibits"]\n[synonyms]\n"blocks" = "inhibits"\n'
+                     '[inverses]\n"is inhibited by" = "inhibits"\n')
+    db = tmp_path / "g.duckdb"
+    assert main(["run", str(corpus), "--db", str(db), "--server", stub.address,
+                 "--vocabulary", str(vocab), "--no-progress"]) == 0
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        assert con.execute("SELECT subject_mention_id, predicate, object_mention_id, inverted "
+                           "FROM relationships ORDER BY ALL").fetchall() == [
+            ("a", "inhibits", "b", False), ("a", "inhibits", "b", True)]
+    finally:
+        con.close()
+    vocab.write_text('[synonyms]\n"blocks" = "no_such_label"\n')
+    assert main(["run", str(corpus), "--db", str(tmp_path / "h.duckdb"), "--server",
+                 stub.address, "--vocabulary", str(vocab), "--no-progress"]) == 1
+    assert "no_such_label" in capsys.readouterr().err
