@@ -40,7 +40,12 @@ def identity_server_address(settings: Settings) -> Iterator[str]:
     server_settings: dict[str, Any] = {"db_url": settings.embedded_db_url, "port": 0}
     if settings.admin_token:
         server_settings["admin_token"] = settings.admin_token
-    running = start_server(ServerSettings(**server_settings))
+    try:
+        running = start_server(ServerSettings(**server_settings))
+    except Exception as e:
+        logger.debug("embedded server failed to start", exc_info=True)
+        raise JobError(f"cannot start the embedded identity server "
+                       f"({settings.embedded_db_url}): {e}") from e
     logger.info("embedded identity server on 127.0.0.1:%d (%s)", running.port,
                 settings.embedded_db_url)
     try:

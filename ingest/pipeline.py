@@ -148,6 +148,10 @@ def resolve_paper(resolver: Resolver, paper: CheckedPaper) -> ResolvedPaper | Li
     if refused:
         paper = drop_refused_mentions(paper, refused)
     resolutions = tuple(o for o in outcomes if isinstance(o, Resolution))
+    if logger.isEnabledFor(logging.DEBUG):
+        for m, r in zip(paper.mentions, resolutions, strict=True):
+            logger.debug("paper=%s mention=%s type=%s -> %s kind=%s created=%s", paper.paper_id,
+                         m.mention_id, m.entity_type, r.entity_id, r.match_kind, r.created)
     return ResolvedPaper(paper, resolutions)
 
 
