@@ -40,10 +40,10 @@ def test_a_locked_database_is_a_sink_error(tmp_path: Path) -> None:
     import sys
 
     db = tmp_path / "g.duckdb"
+    script = (f"import duckdb, sys; c = duckdb.connect({str(db)!r}); print('ok', flush=True); "
+              "sys.stdin.read()")
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         f"import duckdb, sys, time; c = duckdb.connect({str(db)!r}); print('ok', flush=True);"
-         " sys.stdin.read()"],
+        [sys.executable, "-c", script],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ok"
