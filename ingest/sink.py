@@ -290,24 +290,13 @@ class GraphSink:
 
     def known_hashes(self, paper_ids: Iterable[str]) -> dict[str, set[str]]:
         """Every stored content hash (all revisions) of the given papers."""
-        ids = pa.table({"paper_id": pa.array(sorted(set(paper_ids)), pa.string())})
-        if ids.num_rows == 0:
-            return {}
         try:
-            self._con.register("_ids", ids)
-            rows = self._con.execute(
-                "SELECT p.paper_id, p.content_hash, p.is_current FROM papers p "
-                "JOIN _ids USING (paper_id)").fetchall()
+            return self._stored(paper_ids)[0]
         except duckdb.Error as e:
             raise SinkError(f"cannot read papers from {self.path}: {e}") from e
-        finally:
-            self._con.unregister("_ids")
-        out: dict[str, set[str]] = {}
-        for pid, h, _ in rows:
-            out.setdefault(pid, set()).add(h)
-        return out
 
-    def _current(self, paper_ids: Iterable[str]) -> tuple[dict[str, set[str]], set[str]]:
+    def _stored(self, paper_ids: Iterable[str]) -> tuple[dict[str, set[str]], set[str]]:
+        """(paper id -> all stored content hashes, ids that have a current revision)."""
         ids = pa.table({"paper_id": pa.array(sorted(set(paper_ids)), pa.string())})
         known: dict[str, set[str]] = {}
         current: set[str] = set()
@@ -351,7 +340,7 @@ class GraphSink:
         outcome = WriteOutcome()
         try:
             self._con.begin()
-            known, current = self._current(
+            known, current = self._stored(
                 x.paper.paper_id for x in items if isinstance(x, ResolvedPaper))
             pending: list[_Pending] = []
             pending_current: dict[str, _Pending] = {}
