@@ -96,7 +96,7 @@ def test_changed_paper_closes_old_relationships_and_adds_new(
         tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path],
         snapshot: Callable[..., Any]) -> None:
     v1 = jsonl(tmp_path / "v1.jsonl", [small_paper(revision="v1"), small_paper("p2")])
-    rels_v2 = [{"subject": "m1", "predicate": "evaluated on", "object": "m2", "confidence": 0.9},
+    rels_v2: list[dict[str, Any]] = [{"subject": "m1", "predicate": "evaluated on", "object": "m2", "confidence": 0.9},
                {"subject": "m3", "predicate": "works at", "object": "m2"}]
     v2 = jsonl(tmp_path / "v2.jsonl", [small_paper(revision="v2", rels=rels_v2)])
     db = tmp_path / "g.duckdb"
@@ -142,8 +142,8 @@ def test_two_revisions_in_one_job_close_in_the_same_transaction(
 
 def test_each_kind_of_bad_input_is_rejected_and_the_rest_stored(
         tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path]) -> None:
-    good_rel = {"subject": "m1", "predicate": "uses", "object": "m2"}
-    bad_rels = [
+    good_rel: dict[str, Any] = {"subject": "m1", "predicate": "uses", "object": "m2"}
+    bad_rels: list[dict[str, Any]] = [
         {"subject": "m1", "predicate": "uses", "object": "m7"},
         {"subject": "m2", "predicate": "uses", "object": "m2"},
         {"subject": "m1", "predicate": "uses", "object": "m3", "confidence": float("nan")},
