@@ -43,8 +43,7 @@ CREATE TABLE IF NOT EXISTS papers (
     counts {_COUNTS_SQL},
     is_current BOOLEAN NOT NULL,
     superseded_by VARCHAR,
-    ingested_at TIMESTAMPTZ NOT NULL,
-    superseded_at TIMESTAMPTZ
+    ingested_at TIMESTAMPTZ NOT NULL
 );
 CREATE TABLE IF NOT EXISTS mentions (
     paper_id VARCHAR NOT NULL,
@@ -93,7 +92,7 @@ CREATE TABLE IF NOT EXISTS rejects (
     item VARCHAR NOT NULL,
     reason VARCHAR NOT NULL,
     raw VARCHAR,
-    rejected_at TIMESTAMPTZ NOT NULL
+    ingested_at TIMESTAMPTZ NOT NULL
 );
 CREATE TABLE IF NOT EXISTS redirects (
     from_id VARCHAR NOT NULL,
@@ -109,8 +108,7 @@ CREATE TABLE IF NOT EXISTS possibly_same_as (
 );
 CREATE TABLE IF NOT EXISTS sync_state (
     feed VARCHAR NOT NULL,
-    last_sequence BIGINT NOT NULL,
-    synced_at TIMESTAMPTZ
+    last_sequence BIGINT NOT NULL
 );
 CREATE OR REPLACE VIEW mentions_resolved AS
     SELECT m.*, COALESCE(r.to_id, m.entity_id) AS resolved_id
@@ -147,7 +145,7 @@ PAPERS_SCHEMA = pa.schema([
                           ("rejects", pa.int32()), ("new_entities", pa.int32()),
                           ("matched_entities", pa.int32())])),
     ("is_current", pa.bool_()), ("superseded_by", pa.string()),
-    ("ingested_at", _TS), ("superseded_at", _TS),
+    ("ingested_at", _TS),
 ])
 MENTIONS_SCHEMA = pa.schema([
     ("paper_id", pa.string()), ("revision", pa.string()), ("content_hash", pa.string()),
@@ -170,7 +168,7 @@ RELATIONSHIPS_SCHEMA = pa.schema([
 REJECTS_SCHEMA = pa.schema([
     ("reject_id", pa.string()), ("paper_id", pa.string()), ("revision", pa.string()),
     ("content_hash", pa.string()), ("position", pa.string()), ("item", pa.string()),
-    ("reason", pa.string()), ("raw", pa.string()), ("rejected_at", _TS),
+    ("reason", pa.string()), ("raw", pa.string()), ("ingested_at", _TS),
 ])
 REDIRECTS_SCHEMA = pa.schema([
     ("from_id", pa.string()), ("to_id", pa.string()), ("merged_into", pa.string()),
@@ -418,9 +416,8 @@ class GraphSink:
                 "UPDATE mentions SET is_current = false FROM _close c "
                 "WHERE mentions.paper_id = c.paper_id AND mentions.is_current")
             self._con.execute(
-                "UPDATE papers SET is_current = false, superseded_at = ?, "
-                "superseded_by = c.content_hash FROM _close c "
-                "WHERE papers.paper_id = c.paper_id AND papers.is_current", [now])
+                "UPDATE papers SET is_current = false, superseded_by = c.content_hash "
+                "FROM _close c WHERE papers.paper_id = c.paper_id AND papers.is_current")
         finally:
             self._con.unregister("_close")
 
@@ -439,8 +436,7 @@ class GraphSink:
                 paper.paper_id, paper.revision, paper.content_hash, paper.position,
                 {"mentions": len(paper.mentions), "relationships": len(paper.relationships),
                  "rejects": len(paper.rejects), "new_entities": new, "matched_entities": matched},
-                entry.is_current, entry.superseded_by, now,
-                None if entry.is_current else now)
+                entry.is_current, entry.superseded_by, now)
             current = entry.is_current
             closed_at = None if current else now
             ids: dict[str, str] = {}
@@ -528,8 +524,7 @@ class GraphSink:
             last = max([before, last_sequence, *(c.sequence for c in changes)])
             if last != before:
                 self._con.execute("DELETE FROM sync_state WHERE feed = ?", [feed])
-                self._con.execute("INSERT INTO sync_state VALUES (?, ?, ?)",
-                                  [feed, last, datetime.now(UTC)])
+                self._con.execute("INSERT INTO sync_state VALUES (?, ?)", [feed, last])
             self._con.commit()
         except duckdb.Error as e:
             self._rollback()
