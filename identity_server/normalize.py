@@ -68,33 +68,33 @@ def key(display: str) -> str:
         return folded
     if _DIGIT.search(folded) is None:  # no digits: no mark can stand between two
         return folded.translate(_deletion_table())
-    return _key_deletions().sub("", folded)
+    return _NOT_WORD.sub(_kept_in_key, folded)
 
 
-_DIGIT = re.compile(r"\d")
+_DIGIT = re.compile(r"\d")  # in a str pattern, exactly Unicode Nd
+_NOT_WORD = re.compile(r"[\W_]")  # a superset of White_Space and P* (and symbols, kept below)
+
+
+def _kept_in_key(match: re.Match[str]) -> str:
+    c = match.group()
+    if c in WHITE_SPACE:
+        return ""
+    if c in _KEPT_PUNCTUATION or not unicodedata.category(c).startswith("P"):
+        return c
+    s, i = match.string, match.start()
+    if 0 < i < len(s) - 1 and _is_digit(s[i - 1]) and _is_digit(s[i + 1]):
+        return c
+    return ""
 
 
 @functools.cache
 def _deletion_table() -> dict[int, None]:
-    """str.translate table deleting White_Space and punctuation but `#`."""
+    """str.translate table deleting White_Space and punctuation but `#` (built on first use)."""
     table: dict[int, None] = dict.fromkeys(map(ord, WHITE_SPACE))
     for cp in range(sys.maxunicode + 1):
         if unicodedata.category(chr(cp)).startswith("P") and chr(cp) not in _KEPT_PUNCTUATION:
             table[cp] = None
     return table
-
-
-@functools.cache
-def _key_deletions() -> re.Pattern[str]:
-    """White_Space, or punctuation (but `#`) without a digit on both sides.
-
-    `\\d` in a str pattern is exactly Unicode Nd. Built on first use: it enumerates Unicode once.
-    """
-    punctuation = "".join(
-        re.escape(chr(cp)) for cp in _deletion_table() if chr(cp) not in WHITE_SPACE
-    )
-    spaces = "".join(re.escape(c) for c in sorted(WHITE_SPACE))
-    return re.compile(f"[{spaces}]|(?<!\\d)[{punctuation}]|[{punctuation}](?!\\d)")
 
 
 def _guarded(s: str, i: int) -> bool:

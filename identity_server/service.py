@@ -8,7 +8,6 @@ without the lock. Within one process, a lock keeps the index consistent between 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -599,30 +598,31 @@ def _batch_hash(context_id: str, mentions: Sequence[tuple[str, str]]) -> str:
 
 
 def _encode_results(results: Sequence[ResolveResult | ItemError]) -> str:
-    out = []
+    """A stored batch reply: one JSON array per item (an error is [code, message])."""
+    out: list[list[object]] = []
     for r in results:
         if isinstance(r, ItemError):
-            out.append({"error": dataclasses.asdict(r)})
+            out.append([r.code, r.message])
         else:
-            d = dataclasses.asdict(r)
-            d["status"] = r.status.value if r.status else None
-            d["match_kind"] = r.match_kind.value
-            out.append({"resolved": d})
+            out.append([
+                r.entity_id, r.status.value if r.status else None, r.match_kind.value, r.created,
+                r.possibly_same_as, r.candidates, r.name, r.matched_name, r.entity_type,
+                r.display_form,
+            ])
     return json.dumps(out, ensure_ascii=False)
 
 
 def _decode_results(raw: str) -> list[ResolveResult | ItemError]:
     out: list[ResolveResult | ItemError] = []
     for item in json.loads(raw):
-        if "error" in item:
-            out.append(ItemError(**item["error"]))
+        if len(item) == 2:
+            out.append(ItemError(item[0], item[1]))
             continue
-        d = item["resolved"]
-        d["status"] = Status(d["status"]) if d["status"] else None
-        d["match_kind"] = MatchKind(d["match_kind"])
-        d["possibly_same_as"] = tuple(d["possibly_same_as"])
-        d["candidates"] = tuple(d["candidates"])
-        out.append(ResolveResult(**d))
+        eid, status, kind, created, linked, candidates, name, matched, etype, display = item
+        out.append(ResolveResult(
+            eid, Status(status) if status else None, MatchKind(kind), created, tuple(linked),
+            tuple(candidates), name, matched, etype, display,
+        ))
     return out
 
 
