@@ -24,6 +24,7 @@ from ingest.models import (
     RelationshipIn,
     Span,
     SpanError,
+    limits_in_force,
     to_span,
 )
 from ingest.read import RawLine
@@ -32,6 +33,7 @@ from ingest.vocabulary import Vocabulary
 logger = logging.getLogger(__name__)
 
 RAW_KEEP_CHARS = 4096
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +105,9 @@ def _digest(*parts: str) -> str:
     return h.hexdigest()
 
 
-def relationship_id(paper_id: str, revision: str, content_hash: str, canonical_item: str) -> str:
+def relationship_id(paper_id: str, revision: str, content_hash: str, relationship: str) -> str:
     """Derived from the paper, its revision (and content) and the relationship itself."""
-    return _digest("rel", paper_id, revision, content_hash, canonical_item)[:32]
+    return _digest("rel", paper_id, revision, content_hash, relationship)[:32]
 
 
 def _keep(text: str) -> str:
@@ -133,11 +135,11 @@ def _describe(error: ValidationError, where: str) -> str:
     return "; ".join(dict.fromkeys(parts))
 
 
-def _validate(model: type[BaseModel], item: Any, where: str, limits: Limits) -> Any:
+def _validate(model: type[BaseModel], item: Any, where: str) -> Any:
     if not isinstance(item, dict):
         raise _ItemError(f"{where}: must be a JSON object, got {_json_type(item)}")
     try:
-        return model.model_validate(item, context={"limits": limits})
+        return model.model_validate(item)
     except ValidationError as e:
         raise _ItemError(_describe(e, where)) from e
 
@@ -163,6 +165,11 @@ def _span(value: Any, where: str) -> Span | None:
 
 def parse_line(raw: RawLine, *, vocabulary: Vocabulary, limits: Limits) -> CheckedPaper | LineReject:
     """Reads one line into a checked paper, or rejects the line with a reason."""
+    with limits_in_force(limits):
+        return _parse_line(raw, vocabulary, limits)
+
+
+def _parse_line(raw: RawLine, vocabulary: Vocabulary, limits: Limits) -> CheckedPaper | LineReject:
     prefix = raw.prefix.decode("utf-8", errors="replace")
     if raw.data is None:
         return LineReject(
@@ -183,7 +190,7 @@ def parse_line(raw: RawLine, *, vocabulary: Vocabulary, limits: Limits) -> Check
     content_hash = _digest("paper", canonical_json(obj))
     paper_id = obj.get("paper_id") if isinstance(obj.get("paper_id"), str) else None
     try:
-        envelope = PaperEnvelope.model_validate(obj, context={"limits": limits})
+        envelope = PaperEnvelope.model_validate(obj)
     except ValidationError as e:
         return LineReject(raw.position, _describe(e, "paper"), _keep(prefix), paper_id, content_hash)
     return check_paper(envelope, raw.position, content_hash, vocabulary=vocabulary, limits=limits)
@@ -213,7 +220,7 @@ def check_paper(
             _note_rejected_id(item, where, rejected_mentions)
             continue
         try:
-            m: MentionIn = _validate(MentionIn, item, where, limits)
+            m: MentionIn = _validate(MentionIn, item, where)
             span = _span(m.span, where + ".span")
         except _ItemError as e:
             rejects.append(Reject(where, str(e), _raw_item(item)))
@@ -236,14 +243,14 @@ def check_paper(
             if i >= limits.max_relationships:
                 raise _ItemError(f"{where}: paper has more than {limits.max_relationships} "
                                  "relationships")
-            r: RelationshipIn = _validate(RelationshipIn, item, where, limits)
+            r: RelationshipIn = _validate(RelationshipIn, item, where)
             rel = _check_relationship(r, item, where, seen_mentions, rejected_mentions)
             evidence = r.evidence or EvidenceIn()
             evidence_span = _span(evidence.span, where + ".evidence.span")
         except _ItemError as e:
             rejects.append(Reject(where, str(e), _raw_item(item)))
             continue
-        canonical = canonical_json(item)
+        canonical = _relationship_key(r, evidence_span)
         if canonical in seen_rels:
             rejects.append(
                 Reject(where, f"{where}: duplicate of relationships[{seen_rels[canonical]}]",
@@ -277,6 +284,13 @@ def check_paper(
         relationships=tuple(relationships),
         rejects=tuple(rejects),
     )
+
+
+def _relationship_key(r: RelationshipIn, span: Span | None) -> str:
+    """The relationship itself, as read (unknown keys ignored): its id's input and dedupe key."""
+    quote = None if r.evidence is None else r.evidence.quote
+    return _ENCODE([r.subject, r.predicate, r.object, r.confidence,
+                    None if span is None else [span.start, span.end], quote])
 
 
 def _note_rejected_id(item: Any, where: str, rejected: dict[str, str]) -> None:
