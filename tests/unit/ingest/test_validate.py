@@ -202,3 +202,12 @@ def test_refused_mentions_take_their_relationships_with_them() -> None:
     assert dropped.relationships == ()
     assert [r.item for r in dropped.rejects] == ["mentions[1]", "relationships[0]"]
     assert "identity server refused the mention: INVALID_ARGUMENT: empty" in dropped.rejects[0].reason
+
+
+def test_configured_caps_are_applied() -> None:
+    p = parse(paper(), Limits(max_mention_chars=4, max_predicate_chars=5))
+    assert [m.mention_id for m in p.mentions] == ["m1"]  # "SQuAD" is 5 characters
+    assert "more than the cap of 4" in p.rejects[0].reason
+    assert any("predicate is 12 characters long" in r.reason for r in p.rejects)
+    # The caps hold only for that call.
+    assert parse(paper()).rejects == ()
