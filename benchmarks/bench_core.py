@@ -1,0 +1,212 @@
+"""Goal 3: the matching core alone (no gRPC), and the in-process index build of goal 4.
+
+For each entity count N, a child process opens the generated store of N entities, builds the
+identity service (timed: that is the start-up of goal 4; its RSS delta is the index's memory),
+then times `matching.decide` over the service's NameIndex - the public entry point of the rules -
+for mentions of each match kind. The typo lookup's cost is the median time of one `decide` call
+for a single-typo mention (rules 1-3 miss, rule 4 finds it). The baseline is the naive typo
+lookup: `rapidfuzz.process.extract` over the keys of every name, Levenshtein distance <= 1.
+
+The child can run under an address-space cap (RLIMIT_AS) and reports "did not fit" instead of
+taking the machine down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    ROOT,
+    Row,
+    child_env,
+    fmt_bytes,
+    fmt_rate,
+    fmt_us,
+    median,
+    proc_status,
+)
+
+KIND_LABELS = ("exact", "case", "punctuation", "alias", "typo", "new")
+GB = 1 << 30
+
+
+def run_child(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int,
+              cap_bytes: int | None, timeout_s: float) -> dict[str, Any]:
+    """Runs the measurement in a child process; returns its JSON (or why it failed)."""
+    argv = [sys.executable, "-m", "benchmarks.bench_core", "--db", str(db), "--n", str(n),
+            "--per-kind", str(per_kind), "--repeats", str(repeats),
+            "--scan-queries", str(scan_queries)]
+    if cap_bytes:
+        argv += ["--cap-bytes", str(cap_bytes)]
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+                              env=child_env())
+    except subprocess.TimeoutExpired:
+        return {"n": n, "fit": False, "error": f"timed out after {timeout_s:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        tail = proc.stderr.strip().splitlines()[-3:]
+        return {"n": n, "fit": False,
+                "error": f"child exited {proc.returncode}: {' | '.join(tail)}",
+                "wall_s": time.perf_counter() - started}
+    out: dict[str, Any] = json.loads(lines[-1])
+    out["wall_s"] = time.perf_counter() - started
+    return out
+
+
+def measure(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int) -> dict[str, Any]:
+    """In the child: build the service, then time decide() per kind and the rapidfuzz scan."""
+    import gc
+    import sqlite3
+
+    from benchmarks.data import mentions_of_kind, sample_entities
+    from identity_server.matching import decide
+    from identity_server.normalize import display_form, key
+    from identity_server.server import build_service
+    from identity_server.settings import Settings
+
+    pool = sample_entities(db, n, min(n, 5000), seed=3)
+    mentions = {k: mentions_of_kind(pool, k, per_kind, seed=7) for k in KIND_LABELS}
+    gc.collect()
+    rss0 = proc_status().get("VmRSS", 0)
+    t0 = time.perf_counter()
+    service = build_service(Settings(db_url=f"sqlite:///{db}"))
+    build_s = time.perf_counter() - t0
+    gc.collect()
+    status = proc_status()
+    index_bytes = status.get("VmRSS", 0) - rss0
+    index = service.index
+
+    rates: dict[str, float] = {}
+    kinds_seen: dict[str, dict[str, int]] = {}
+    typo_ns: list[int] = []
+    for kind, items in mentions.items():
+        displays = [(display_form(t), ty) for t, ty in items]
+        seen: dict[str, int] = {}
+        for d, ty in displays:
+            v = decide(index, d, ty).match_kind.value
+            seen[v] = seen.get(v, 0) + 1
+        kinds_seen[kind] = seen
+        per_round = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for text, ty in items:
+                decide(index, display_form(text), ty)
+            per_round.append(len(items) / (time.perf_counter() - t))
+        rates[kind] = median(per_round)
+        if kind == "typo":
+            for _ in range(repeats):
+                for d, ty in displays:
+                    a = time.perf_counter_ns()
+                    decide(index, d, ty)
+                    typo_ns.append(time.perf_counter_ns() - a)
+    typo_us = median([x / 1000 for x in typo_ns])
+
+    scan_us = float("nan")
+    if scan_queries:
+        from rapidfuzz import process
+        from rapidfuzz.distance import Levenshtein
+
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        keys = [key(d) for (d,) in con.execute(
+            "SELECT display FROM names WHERE kind IN ('name', 'alias')")]
+        con.close()
+        queries = [key(display_form(t)) for t, _ in mentions["typo"][:scan_queries]]
+        times = []
+        for q in queries:
+            a = time.perf_counter()
+            process.extract(q, keys, scorer=Levenshtein.distance, score_cutoff=1, limit=None)
+            times.append((time.perf_counter() - a) * 1e6)
+        scan_us = median(times)
+        del keys
+    return {
+        "n": n, "fit": True, "build_s": build_s, "index_bytes": index_bytes,
+        "bytes_per_entity": index_bytes / n, "peak_rss": proc_status().get("VmHWM", 0),
+        "rates": rates, "kinds_seen": kinds_seen, "typo_us": typo_us,
+        "typo_p99_us": sorted(typo_ns)[int(0.99 * (len(typo_ns) - 1))] / 1000 if typo_ns else 0,
+        "scan_us": scan_us, "scan_queries": scan_queries, "per_kind": per_kind,
+    }
+
+
+def rows(points: list[dict[str, Any]], *, at: int, point_10m: dict[str, Any] | None) -> list[Row]:
+    """Table rows of goal 3 from the child results (`at`: the size of the per-kind rows)."""
+    ok = {p["n"]: p for p in points if p.get("fit")}
+    out: list[Row] = []
+    main = ok.get(at)
+    if main is None:
+        return [Row("3 core", "matching core", "failed", "", None, "", False,
+                    {"points": points})]
+    scan_rate = 1e6 / main["scan_us"] if main["scan_us"] == main["scan_us"] else float("nan")
+    for kind in KIND_LABELS:
+        rate = main["rates"][kind]
+        out.append(Row(
+            f"3 core {kind}", f"decide() over NameIndex, {kind} mentions, {at:,} entities",
+            fmt_rate(rate, " resolves/s"), f"rapidfuzz scan {fmt_rate(scan_rate, '/s')}",
+            rate / scan_rate if scan_rate == scan_rate else None, "report", None,
+            {"rate": rate, "kinds_seen": main["kinds_seen"][kind]}))
+    sizes = sorted(ok)
+    smallest = ok[sizes[0]]
+    largest = point_10m if point_10m and point_10m.get("fit") else ok[sizes[-1]]
+    flat = largest["typo_us"] / smallest["typo_us"]
+    costs = ", ".join(f"{p['n']:,}: {fmt_us(p['typo_us'])}" for p in
+                      [ok[s] for s in sizes] + ([point_10m] if point_10m and
+                                                 point_10m.get("fit") else []))
+    out.append(Row(
+        "3 typo cost flat", "median µs per typo decide() by entity count", costs,
+        f"{smallest['n']:,}: {fmt_us(smallest['typo_us'])}", flat,
+        f"{largest['n']:,}/{smallest['n']:,} <= 2x", flat <= 2.0,
+        {"typo_us": {p["n"]: p["typo_us"] for p in ok.values()}}))
+    speedup = main["scan_us"] / main["typo_us"]
+    out.append(Row(
+        "3 typo vs scan", f"typo decide() vs rapidfuzz full scan, {at:,} entities",
+        fmt_us(main["typo_us"]), f"scan {fmt_us(main['scan_us'])}", speedup, ">= 1000x",
+        speedup >= 1000))
+    per_entity = main["bytes_per_entity"]
+    if point_10m is not None and point_10m.get("fit"):
+        whole = point_10m["peak_rss"]
+        figure = f"{fmt_bytes(per_entity)}/entity; 10M peak RSS {fmt_bytes(whole)}"
+    elif point_10m is not None:
+        whole = float("inf")
+        figure = (f"{fmt_bytes(per_entity)}/entity; 10M did not fit "
+                  f"({point_10m.get('error', '')[:60]})")
+    else:
+        whole = main["peak_rss"] - main["index_bytes"] + per_entity * 10_000_000
+        figure = f"{fmt_bytes(per_entity)}/entity; 10M projected {fmt_bytes(whole)}"
+    out.append(Row(
+        "3 memory", f"RSS of the built index per entity ({at:,}); whole server at 10M",
+        figure, "8 GB", whole / (8 * GB), "10M fits in 8 GB", whole <= 8 * GB,
+        {"bytes_per_entity": per_entity}))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--db", type=Path, required=True)
+    parser.add_argument("--n", type=int, required=True)
+    parser.add_argument("--per-kind", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--scan-queries", type=int, default=10)
+    parser.add_argument("--cap-bytes", type=int, default=0)
+    args = parser.parse_args()
+    if args.cap_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (args.cap_bytes, args.cap_bytes))
+    try:
+        result = measure(args.db, args.n, per_kind=args.per_kind, repeats=args.repeats,
+                         scan_queries=args.scan_queries)
+    except MemoryError:
+        result = {"n": args.n, "fit": False,
+                  "error": f"MemoryError under a {args.cap_bytes / GB:.0f} GB address-space cap",
+                  "peak_rss": proc_status().get("VmHWM", 0)}
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Goal 5: ingest of generated papers against the same ResolveBatch calls alone, and DuckDB.
+
+`ingest run` (a child process, default concurrency) ingests N papers of 25 mentions and 15
+relationships into a fresh DuckDB file, once with its embedded identity server and once against a
+separate `identity-server serve` process; its own summary gives papers/s (server start-up
+excluded). The baseline sends the same per-paper ResolveBatch calls (paper id as context), with
+the same concurrency, through the same client class, to a server started the same way over a
+fresh copy of the same store: papers/s of resolution alone. The writer's ceiling is a DuckDB bulk
+insert of the same rows (papers, mentions, relationships) with ids precomputed. Peak RSS of the
+ingest process is sampled over the run, to show it stays flat as the batch grows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    ROOT,
+    VENV_BIN,
+    Row,
+    RssSampler,
+    child_env,
+    fmt_bytes,
+    fmt_rate,
+    identity_server,
+    median,
+)
+from benchmarks.data import copy_store, read_paper_batches
+
+GOAL_RATIO = 0.7
+RATE = re.compile(r"rate:\s+([0-9.]+) papers/s")
+
+
+def _concurrency(separate: bool) -> int:
+    """ingest's default papers in flight for this mode (passed to both sides explicitly)."""
+    from ingest.settings import Settings
+
+    settings = Settings(server="127.0.0.1:1" if separate else None)
+    effective = getattr(settings, "effective_concurrency", None)
+    return int(effective() if effective is not None else settings.concurrency)
+
+
+def run_ingest(papers: Path, work: Path, *, store: Path | None, server: str | None,
+               timeout_s: float) -> dict[str, Any]:
+    """`ingest run` as a child process; papers/s from its summary, RSS sampled meanwhile."""
+    db = work / f"graph-{'embedded' if server is None else 'separate'}.duckdb"
+    for suffix in ("", ".wal"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+    argv = [str(VENV_BIN / "ingest"), "run", str(papers), "--db", str(db), "--no-progress",
+            "--concurrency", str(_concurrency(server is not None))]
+    argv += ["--server", server] if server else ["--identity-db", f"sqlite:///{store}"]
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=work)
+    with RssSampler(proc.pid, every=0.1) as rss:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+    wall = time.perf_counter() - started
+    m = RATE.search(out)
+    if proc.returncode != 0 or m is None:
+        raise RuntimeError(f"ingest failed ({proc.returncode}): {err[-1500:]}")
+    samples = rss.samples
+    end = samples[-1][0] if samples else 0.0
+
+    def rss_between(lo: float, hi: float) -> float:
+        return median([r for t, r, _ in samples if lo * end <= t <= hi * end])
+
+    return {"papers_per_s": float(m.group(1)), "wall_s": wall, "summary": out.strip(),
+            "peak_rss": rss.peak, "rss_2nd_quarter": rss_between(0.25, 0.5),
+            "rss_4th_quarter": rss_between(0.75, 1.0),
+            "rss_timeline": [(round(t, 1), r)
+                             for t, r, _ in samples[:: max(1, len(samples) // 40)]]}
+
+
+def run_calls(papers: Path, *, store: Path | None, server: str | None,
+              timeout_s: float) -> dict[str, Any]:
+    """The baseline child: the same ResolveBatch calls alone."""
+    argv = [sys.executable, "-m", "benchmarks.bench_ingest", "--calls", str(papers),
+            "--concurrency", str(_concurrency(server is not None))]
+    argv += ["--server", server] if server else ["--embedded-db", f"sqlite:///{store}"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+                          env=child_env())
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"ResolveBatch baseline failed: {proc.stderr[-1500:]}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def calls_child(papers: Path, *, server: str | None, embedded_db: str | None,
+                concurrency: int) -> dict[str, Any]:
+    from ingest.client import IdentityClient, RetryPolicy
+
+    batches = read_paper_batches(papers)
+    running = None
+    if server is None:
+        from identity_server.server import start_server
+        from identity_server.settings import Settings
+
+        running = start_server(Settings(db_url=embedded_db or "", port=0))
+        server = f"127.0.0.1:{running.port}"
+    try:
+        with IdentityClient(server, policy=RetryPolicy(deadline_seconds=30.0,
+                                                       budget_seconds=60.0)) as client:
+            started = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                done = sum(1 for _ in pool.map(lambda b: client.resolve_batch(b[0], b[1]),
+                                               batches))
+            elapsed = time.perf_counter() - started
+    finally:
+        if running is not None:
+            running.stop(grace=1.0)
+    return {"papers": done, "elapsed_s": elapsed, "papers_per_s": done / elapsed}
+
+
+def duckdb_ceiling(papers: Path, work: Path, *, group: int = 500) -> dict[str, Any]:
+    """Bulk insert of the rows ingest writes (ids precomputed) into a fresh DuckDB file."""
+    from datetime import UTC, datetime
+
+    import duckdb
+    import pyarrow as pa
+
+    from ingest.sink import MENTIONS_SCHEMA, PAPERS_SCHEMA, RELATIONSHIPS_SCHEMA, SCHEMA_SQL
+
+    now = datetime.now(UTC)
+    rows: list[tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]] = []
+    with papers.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh):
+            p = json.loads(line)
+            pid, rev, h = p["paper_id"], p.get("revision", "1"), f"hash{n:08d}"
+            ids = {m["id"]: f"E{abs(hash((m['text'], m['type']))) % 10**9:09d}"
+                   for m in p["mentions"]}
+            pr = [(pid, rev, h, str(n), {"mentions": len(p["mentions"]),
+                   "relationships": len(p["relationships"]), "rejects": 0, "new_entities": 0,
+                   "matched_entities": len(p["mentions"])}, True, None, now, None)]
+            mr = [(pid, rev, h, m["id"], i, m["text"], m["type"], ids[m["id"]], "canonical",
+                   "exact", False, m["type"], m["text"], m["text"],
+                   {"start": m["span"][0], "end": m["span"][1]}, True)
+                  for i, m in enumerate(p["mentions"])]
+            rr = [(f"{pid}-r{i}", pid, rev, h, i, r["subject"], ids[r["subject"]],
+                   r["predicate"], r["predicate"], False, r["object"], ids[r["object"]],
+                   float(r["confidence"]), {"start": r["evidence"]["span"][0],
+                                            "end": r["evidence"]["span"][1]},
+                   r["evidence"]["quote"], now, None, None)
+                  for i, r in enumerate(p["relationships"])]
+            rows.append((pr, mr, rr))
+    db = work / "graph-ceiling.duckdb"
+    for suffix in ("", ".wal"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+    con = duckdb.connect(str(db))
+    con.execute(SCHEMA_SQL)
+
+    def table(schema: pa.Schema, data: list[tuple[Any, ...]]) -> pa.Table:
+        cols = list(zip(*data, strict=True))
+        return pa.table({name: pa.array(col, type=schema.field(name).type)
+                         for name, col in zip(schema.names, cols, strict=True)}, schema=schema)
+
+    started = time.perf_counter()
+    for i in range(0, len(rows), group):
+        chunk = rows[i:i + group]
+        con.begin()
+        for name, schema, k in (("papers", PAPERS_SCHEMA, 0), ("mentions", MENTIONS_SCHEMA, 1),
+                                ("relationships", RELATIONSHIPS_SCHEMA, 2)):
+            con.register("_new", table(schema, [r for c in chunk for r in c[k]]))
+            cols = ", ".join(f'"{c}"' for c in schema.names)
+            con.execute(f"INSERT INTO {name} ({cols}) SELECT {cols} FROM _new")
+            con.unregister("_new")
+        con.commit()
+    elapsed = time.perf_counter() - started
+    con.close()
+    return {"papers_per_s": len(rows) / elapsed, "elapsed_s": elapsed}
+
+
+def run(papers: Path, store: Path, work: Path, *, n_papers: int, timeout_s: float) -> list[Row]:
+    papers, store, work = papers.resolve(), store.resolve(), work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {}
+    res["ceiling"] = duckdb_ceiling(papers, work)
+    emb_store = copy_store(store, work / "ingest-embedded.sqlite")
+    res["embedded"] = run_ingest(papers, work, store=emb_store, server=None, timeout_s=timeout_s)
+    base_store = copy_store(store, work / "calls-embedded.sqlite")
+    res["embedded_calls"] = run_calls(papers, store=base_store, server=None, timeout_s=timeout_s)
+    with identity_server(copy_store(store, work / "ingest-separate.sqlite")) as srv:
+        res["separate"] = run_ingest(papers, work, store=None, server=srv.address,
+                                     timeout_s=timeout_s)
+    with identity_server(copy_store(store, work / "calls-separate.sqlite")) as srv:
+        res["separate_calls"] = run_calls(papers, store=None, server=srv.address,
+                                          timeout_s=timeout_s)
+    out = []
+    for mode, what in (("embedded", "embedded server"), ("separate", "separate server process")):
+        got, base = res[mode]["papers_per_s"], res[f"{mode}_calls"]["papers_per_s"]
+        out.append(Row(
+            f"5 ingest {mode}", f"`ingest run`, {n_papers:,} papers (25 mentions, 15 rels), "
+            f"{what}, concurrency {_concurrency(mode == 'separate')}",
+            fmt_rate(got, " papers/s"), f"ResolveBatch alone {fmt_rate(base, ' papers/s')}",
+            got / base, f">= {GOAL_RATIO}x", got / base >= GOAL_RATIO,
+            {"ingest": res[mode], "calls": res[f"{mode}_calls"]}))
+    ceiling = res["ceiling"]["papers_per_s"]
+    got = res["separate"]["papers_per_s"]
+    out.append(Row(
+        "5 writer ceiling", "DuckDB bulk insert of the same rows, ids precomputed (ceiling)",
+        fmt_rate(got, " papers/s") + " ingest (separate)",
+        f"DuckDB {fmt_rate(ceiling, ' papers/s')}", got / ceiling, "report", None,
+        res["ceiling"]))
+    sep = res["separate"]
+    flat = sep["rss_4th_quarter"] / sep["rss_2nd_quarter"]
+    out.append(Row(
+        "5 ingest memory", "RSS of the ingest process (separate server): median over the last "
+        "quarter of the run vs the second quarter; peak",
+        f"{fmt_bytes(sep['rss_4th_quarter'])}, peak {fmt_bytes(sep['peak_rss'])} "
+        f"(embedded peak {fmt_bytes(res['embedded']['peak_rss'])})",
+        f"2nd quarter {fmt_bytes(sep['rss_2nd_quarter'])}", flat, "flat (<= 1.25x)",
+        flat <= 1.25,
+        {"separate_timeline": sep["rss_timeline"],
+         "embedded_timeline": res["embedded"]["rss_timeline"]}))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=Path, required=True)
+    parser.add_argument("--server")
+    parser.add_argument("--embedded-db")
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    result = calls_child(args.calls, server=args.server, embedded_db=args.embedded_db,
+                         concurrency=args.concurrency)
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()

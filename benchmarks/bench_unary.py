@@ -1,0 +1,53 @@
+"""Goal 2: unary Resolve with 16 concurrent callers against the echo service's Resolve.
+
+Read-mostly mix without a context id: 85% existing names (55% exact, 10% case, 10% punctuation,
+10% alias), 10% single typos, 5% new names. The same requests go to the identity server and to
+the echo service; the figure is the median of the rounds' calls/s, with p50 and p99 latency over
+all calls of all rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from benchmarks.common import Row, drive, fmt_rate, median, percentile
+from benchmarks.data import Stored, mention_mix
+from benchmarks.grpc_load import Client, unary_requests
+
+MIX = {"exact": 0.55, "case": 0.10, "punctuation": 0.10, "alias": 0.10, "typo": 0.10,
+       "new": 0.05}
+CALLERS = 16
+GOAL_RATIO = 0.8
+
+
+def measure(client: Client, pool: Sequence[Stored], *, calls: int, rounds: int,
+            time_cap_s: float) -> dict[str, object]:
+    per_round: list[float] = []
+    latencies: list[float] = []
+    errors = 0
+    for r in range(rounds):
+        requests = unary_requests(mention_mix(pool, calls, MIX, seed=1000 + r))
+        result = drive(client.resolve, requests, concurrency=CALLERS, time_cap_s=time_cap_s)
+        per_round.append(result.per_second)
+        latencies.extend(result.latencies_s)
+        errors += result.errors
+    return {"calls_per_s": median(per_round), "rounds": per_round, "errors": errors,
+            "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3}
+
+
+def run(server: Client, echo: Client, pool: Sequence[Stored], *, n_entities: int, calls: int,
+        rounds: int, time_cap_s: float = 30.0) -> list[Row]:
+    warm = unary_requests(mention_mix(pool, 300, MIX, seed=98))
+    drive(server.resolve, warm, concurrency=CALLERS)
+    drive(echo.resolve, warm, concurrency=CALLERS)
+    got = measure(server, pool, calls=calls, rounds=rounds, time_cap_s=time_cap_s)
+    base = measure(echo, pool, calls=calls, rounds=rounds, time_cap_s=time_cap_s)
+    ratio = float(got["calls_per_s"]) / float(base["calls_per_s"])  # type: ignore[arg-type]
+    return [Row(
+        "2 unary",
+        f"Resolve, {CALLERS} callers, read-mostly mix, {n_entities:,} entities; p50/p99",
+        f"{fmt_rate(float(got['calls_per_s']), ' calls/s')} "  # type: ignore[arg-type]
+        f"p50 {got['p50_ms']:.2f} ms p99 {got['p99_ms']:.2f} ms",
+        f"echo {fmt_rate(float(base['calls_per_s']), ' calls/s')} "  # type: ignore[arg-type]
+        f"p50 {base['p50_ms']:.2f} ms p99 {base['p99_ms']:.2f} ms",
+        ratio, f">= {GOAL_RATIO}x echo", ratio >= GOAL_RATIO, {"server": got, "echo": base})]

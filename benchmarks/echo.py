@@ -1,0 +1,74 @@
+"""The echo baseline: IdentityService's Resolve and ResolveBatch answering a canned reply.
+
+Same proto, same grpcio options (identity_server.server.GRPC_OPTIONS) and the same handler thread
+pool size (Settings().max_workers) as the identity server, and a reply of the same shape and size
+as a real one (an entity id, status, kind, two candidates, the names, the type and the mention's
+display form), but no matching and no store: it measures the ceiling of the gRPC stack itself.
+
+Run as its own process like the real server: `python -m benchmarks.echo --port 0` prints
+`listening on 127.0.0.1:PORT` and serves until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from concurrent import futures
+
+import grpc
+
+from identity_api.v1 import identity_service_pb2 as pb
+from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+from identity_server.server import GRPC_OPTIONS
+from identity_server.settings import Settings
+
+
+def canned(mention: str, entity_type: str) -> pb.ResolveResponse:
+    """A reply shaped like a converged resolve of `mention`."""
+    return pb.ResolveResponse(
+        entity_id="E000123456", status=pb.CANONICAL, match_kind=pb.EXACT, created=False,
+        candidates=["E000123456"], name=mention, matched_name=mention,
+        entity_type=entity_type or "other", display_form=mention,
+    )
+
+
+class EchoServicer(pb_grpc.IdentityServiceServicer):
+    def Resolve(self, request: pb.ResolveRequest,
+                context: grpc.ServicerContext) -> pb.ResolveResponse:
+        return canned(request.mention, request.entity_type)
+
+    def ResolveBatch(self, request: pb.ResolveBatchRequest,
+                     context: grpc.ServicerContext) -> pb.ResolveBatchResponse:
+        out = pb.ResolveBatchResponse()
+        for m in request.mentions:
+            out.results.add().resolved.CopyFrom(canned(m.mention, m.entity_type))
+        return out
+
+
+def start_echo(port: int = 0) -> tuple[grpc.Server, int]:
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=Settings().max_workers, thread_name_prefix="rpc"),
+        options=GRPC_OPTIONS,
+    )
+    pb_grpc.add_IdentityServiceServicer_to_server(EchoServicer(), server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server, bound
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="echo baseline of IdentityService")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    server, port = start_echo(args.port)
+    print(f"listening on 127.0.0.1:{port}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    server.stop(1.0).wait()
+
+
+if __name__ == "__main__":
+    main()
