@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -185,7 +186,13 @@ class IdentityClient:
         )
         # The generated stub is untyped; replies are typed through the pb2 stubs below.
         self._stub: Any = pb_grpc.IdentityServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self.retries = 0
+        self._retries = 0
+        self._retries_lock = threading.Lock()
+
+    @property
+    def retries(self) -> int:
+        """Calls retried so far (for the job summary)."""
+        return self._retries
 
     def close(self) -> None:
         self._channel.close()
@@ -229,7 +236,8 @@ class IdentityClient:
                     ) from e
                 logger.warning("rpc=%s count=%d status=%s attempt=%d retry_in=%.3fs",
                                method, count, code.name, attempt, pause)
-                self.retries += 1
+                with self._retries_lock:
+                    self._retries += 1
                 self._sleep(pause)
                 backoff = min(backoff * 2, policy.max_backoff)
                 continue
