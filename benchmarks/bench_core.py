@@ -182,7 +182,8 @@ def rows(points: list[dict[str, Any]], *, at: int, point_10m: dict[str, Any] | N
         figure = f"{fmt_bytes(per_entity)}/entity; 10M projected {fmt_bytes(whole)}"
     out.append(Row(
         "3 memory", f"RSS of the built index per entity ({at:,}); whole server at 10M",
-        figure, "8 GB", whole / (8 * GB), "10M fits in 8 GB", whole <= 8 * GB,
+        figure, "8 GB", whole / (8 * GB) if whole != float("inf") else None,
+        "10M fits in 8 GB", whole <= 8 * GB,
         {"bytes_per_entity": per_entity}))
     return out
 

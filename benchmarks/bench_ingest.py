@@ -134,25 +134,34 @@ def duckdb_ceiling(papers: Path, work: Path, *, group: int = 500) -> dict[str, A
     from ingest.sink import MENTIONS_SCHEMA, PAPERS_SCHEMA, RELATIONSHIPS_SCHEMA, SCHEMA_SQL
 
     now = datetime.now(UTC)
-    rows: list[tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]] = []
+    # Rows as column -> value; each table takes the columns of ingest's own Arrow schemas, so a
+    # column added to the sink is filled with NULL here rather than breaking the baseline.
+    rows: list[tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]] = []
     with papers.open(encoding="utf-8") as fh:
         for n, line in enumerate(fh):
             p = json.loads(line)
-            pid, rev, h = p["paper_id"], p.get("revision", "1"), f"hash{n:08d}"
+            common = {"paper_id": p["paper_id"], "revision": p.get("revision", "1"),
+                      "content_hash": f"hash{n:08d}"}
             ids = {m["id"]: f"E{abs(hash((m['text'], m['type']))) % 10**9:09d}"
                    for m in p["mentions"]}
-            pr = [(pid, rev, h, str(n), {"mentions": len(p["mentions"]),
-                   "relationships": len(p["relationships"]), "rejects": 0, "new_entities": 0,
-                   "matched_entities": len(p["mentions"])}, True, None, now, None)]
-            mr = [(pid, rev, h, m["id"], i, m["text"], m["type"], ids[m["id"]], "canonical",
-                   "exact", False, m["type"], m["text"], m["text"],
-                   {"start": m["span"][0], "end": m["span"][1]}, True)
+            pr = [{**common, "source": str(n), "is_current": True, "ingested_at": now,
+                   "counts": {"mentions": len(p["mentions"]),
+                              "relationships": len(p["relationships"]), "rejects": 0,
+                              "new_entities": 0, "matched_entities": len(p["mentions"])}}]
+            mr = [{**common, "mention_id": m["id"], "mention_index": i, "text": m["text"],
+                   "entity_type": m["type"], "entity_id": ids[m["id"]], "status": "canonical",
+                   "match_kind": "exact", "created": False, "resolved_type": m["type"],
+                   "display_form": m["text"], "matched_name": m["text"],
+                   "span": {"start": m["span"][0], "end": m["span"][1]}, "is_current": True}
                   for i, m in enumerate(p["mentions"])]
-            rr = [(f"{pid}-r{i}", pid, rev, h, i, r["subject"], ids[r["subject"]],
-                   r["predicate"], r["predicate"], False, r["object"], ids[r["object"]],
-                   float(r["confidence"]), {"start": r["evidence"]["span"][0],
-                                            "end": r["evidence"]["span"][1]},
-                   r["evidence"]["quote"], now, None, None)
+            rr = [{**common, "relationship_id": f"{p['paper_id']}-r{i}", "relationship_index": i,
+                   "subject_mention_id": r["subject"], "subject_id": ids[r["subject"]],
+                   "predicate": r["predicate"], "raw_predicate": r["predicate"],
+                   "inverted": False, "object_mention_id": r["object"],
+                   "object_id": ids[r["object"]], "confidence": float(r["confidence"]),
+                   "evidence_span": {"start": r["evidence"]["span"][0],
+                                     "end": r["evidence"]["span"][1]},
+                   "evidence_quote": r["evidence"]["quote"], "valid_from": now}
                   for i, r in enumerate(p["relationships"])]
             rows.append((pr, mr, rr))
     db = work / "graph-ceiling.duckdb"
@@ -161,10 +170,10 @@ def duckdb_ceiling(papers: Path, work: Path, *, group: int = 500) -> dict[str, A
     con = duckdb.connect(str(db))
     con.execute(SCHEMA_SQL)
 
-    def table(schema: pa.Schema, data: list[tuple[Any, ...]]) -> pa.Table:
-        cols = list(zip(*data, strict=True))
-        return pa.table({name: pa.array(col, type=schema.field(name).type)
-                         for name, col in zip(schema.names, cols, strict=True)}, schema=schema)
+    def table(schema: pa.Schema, data: list[dict[str, Any]]) -> pa.Table:
+        return pa.table({name: pa.array([d.get(name) for d in data],
+                                        type=schema.field(name).type)
+                         for name in schema.names}, schema=schema)
 
     started = time.perf_counter()
     for i in range(0, len(rows), group):
