@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator
 
-from identity_server.domain import Entity, NameKind, Status
+from identity_server.domain import Entity, Name, NameKind, Status
 
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
 
@@ -119,12 +119,16 @@ class NameIndex:
     # -- writing -------------------------------------------------------------------------------
 
     def put(self, entity: Entity) -> None:
-        """Add or replace an entity (with all its names)."""
-        old = self._entities.get(entity.entity_id)
-        if old is not None:
-            self._unindex(old)
-        self._entities[entity.entity_id] = entity
-        self._index(entity)
+        """Add or replace an entity; only the names that changed are re-indexed."""
+        eid = entity.entity_id
+        old = self._entities.get(eid)
+        self._entities[eid] = entity
+        after = entity.names if entity.status is not Status.MERGED else ()
+        if old is None:
+            self._index_new(eid, after)  # the start-up path: nothing to compare
+        else:
+            before = old.names if old.status is not Status.MERGED else ()
+            self._reindex(eid, before, after)
         if entity.ordinal > self._max_ordinal:
             self._max_ordinal = entity.ordinal
 
@@ -134,46 +138,65 @@ class NameIndex:
 
     def discard(self, entity_id: str) -> None:
         old = self._entities.pop(entity_id, None)
-        if old is not None:
-            self._unindex(old)
+        if old is not None and old.status is not Status.MERGED:
+            self._reindex(entity_id, old.names, ())
 
-    def _index(self, entity: Entity) -> None:
-        if entity.status is Status.MERGED:
+    def _reindex(self, eid: str, before: tuple[Name, ...], after: tuple[Name, ...]) -> None:
+        """Move eid's entries from the names `before` to the names `after`.
+
+        Compared as sets of values per table, so a value that two names share (a name and an
+        alias with one key) stays indexed while either remains.
+        """
+        if before == after:
             return
-        eid = entity.entity_id
-        anchors, variants = self._anchor_ids, self._variants
-        for n in entity.names:
+        for table, attr in ((self._by_display, "display"), (self._by_fold, "folded"),
+                            (self._by_key, "key")):
+            old = {getattr(n, attr) for n in before}
+            new = {getattr(n, attr) for n in after}
+            for value in old - new:
+                _remove(table, value, eid)
+            for value in new - old:
+                _add(table, value, eid)
+        old_anchors = {n.key for n in before if _is_anchor(n)}
+        new_anchors = {n.key for n in after if _is_anchor(n)}
+        for k in old_anchors - new_anchors:
+            _remove(self._anchor_ids, k, eid)
+            if k not in self._anchor_ids:
+                for variant in deletion_variants(k):
+                    _remove(self._variants, variant, k)
+        for k in new_anchors - old_anchors:
+            if k not in self._anchor_ids:
+                self._add_variants(k)
+            _add(self._anchor_ids, k, eid)
+
+    def _index_new(self, eid: str, names: tuple[Name, ...]) -> None:
+        for n in names:
             _add(self._by_display, n.display, eid)
             _add(self._by_fold, n.folded, eid)
-            k = n.key
-            _add(self._by_key, k, eid)
-            if n.kind is NameKind.SURFACE or len(k) < MIN_TYPO_KEY:
-                continue
-            if k not in anchors:
-                # Inlined _add over the variants: this loop is most of the index's build time.
-                for i in range(len(k) + 1):
-                    variant = k[:i] + k[i + 1 :]
-                    found = variants.get(variant)
-                    if found is None:
-                        variants[variant] = k
-                    elif found.__class__ is str:
-                        if found != k:
-                            variants[variant] = {found, k}  # type: ignore[arg-type]
-                    else:
-                        found.add(k)  # type: ignore[union-attr]
-            _add(anchors, k, eid)
-
-    def _unindex(self, entity: Entity) -> None:
-        eid = entity.entity_id
-        for n in entity.names:
-            _remove(self._by_display, n.display, eid)
-            _remove(self._by_fold, n.folded, eid)
-            _remove(self._by_key, n.key, eid)
-            if n.key in self._anchor_ids:
-                _remove(self._anchor_ids, n.key, eid)
+            _add(self._by_key, n.key, eid)
+            if _is_anchor(n):
                 if n.key not in self._anchor_ids:
-                    for variant in deletion_variants(n.key):
-                        _remove(self._variants, variant, n.key)
+                    self._add_variants(n.key)
+                _add(self._anchor_ids, n.key, eid)
+
+    def _add_variants(self, k: str) -> None:
+        # _add inlined: this loop is most of the index's build time.
+        variants = self._variants
+        for i in range(len(k) + 1):
+            variant = k[:i] + k[i + 1 :]
+            found = variants.get(variant)
+            if found is None:
+                variants[variant] = k
+            elif found.__class__ is str:
+                if found != k:
+                    variants[variant] = {found, k}  # type: ignore[arg-type]
+            else:
+                found.add(k)  # type: ignore[union-attr]
+
+
+def _is_anchor(n: Name) -> bool:
+    """Typo anchors: names and aliases (never surface forms) with keys of 4+ characters."""
+    return n.kind is not NameKind.SURFACE and len(n.key) >= MIN_TYPO_KEY
 
 
 __all__ = ["NameIndex", "deletion_variants", "MIN_TYPO_KEY"]

@@ -97,6 +97,11 @@ def _deletion_table() -> dict[int, None]:
     return table
 
 
+def warm_up() -> None:
+    """Build the lazily made Unicode tables now (about half a second), not in a first request."""
+    _deletion_table()
+
+
 def _guarded(s: str, i: int) -> bool:
     """True when editing s[i] does not count as a typo: it is a digit, or both neighbours are."""
     if _is_digit(s[i]):

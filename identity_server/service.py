@@ -30,7 +30,7 @@ from identity_server.domain import (
 from identity_server.errors import EntityNotFound, FailedPrecondition, InvalidArgument
 from identity_server.index import NameIndex
 from identity_server.matching import Decision, Outcome, decide
-from identity_server.normalize import display_form, key
+from identity_server.normalize import display_form, key, warm_up
 from identity_server.store.sql import ChangeRecord, LinkRow, SqlStore, Tx
 from identity_server.unit import DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
 
@@ -118,6 +118,7 @@ class IdentityService:
         self._lock = threading.RLock()
         self._known_papers: dict[str, set[str]] = {}
         self._batches_written = 0
+        warm_up()
         self._load()
 
     # -- start-up and catching up ----------------------------------------------------------------
