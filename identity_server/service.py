@@ -179,6 +179,15 @@ class IdentityService:
             self._catch_up(tx)
             return work(tx)
 
+    def _answer(self, work: Callable[[], T]) -> T:
+        """Run work on the index once it holds every committed change; no store transaction
+        unless the store says something was committed since the last look."""
+        with self._lock:
+            if self.store.may_have_changed():
+                with self.store.read() as tx:
+                    self._catch_up(tx)
+            return work()
+
     @property
     def feed_position(self) -> int:
         return self._seq
@@ -210,10 +219,10 @@ class IdentityService:
                 lookup_only: bool = False) -> ResolveResult:
         m = self.parse_mention(mention, entity_type)
         if lookup_only:
-            return self._read(lambda tx: self._look(tx, m))
+            return self._answer(lambda: self._look(m))
         if not context_id:
             # Most repeat mentions change nothing: answer them without taking the write lock.
-            unchanged = self._read(lambda tx: self._converged_without_writes(m))
+            unchanged = self._answer(lambda: self._converged_without_writes(m))
             if unchanged is not None:
                 return unchanged
         return self._write(lambda u: self._resolve(u, m, context_id))
@@ -233,8 +242,8 @@ class IdentityService:
                 parsed.append(ItemError("INVALID_ARGUMENT", f"mention {i}: {e}"))
 
         if lookup_only:
-            return self._read(
-                lambda tx: [p if isinstance(p, ItemError) else self._look(tx, p) for p in parsed]
+            return self._answer(
+                lambda: [p if isinstance(p, ItemError) else self._look(p) for p in parsed]
             )
 
         request_hash = _batch_hash(context_id, mentions) if context_id else None
@@ -326,7 +335,7 @@ class IdentityService:
             return u.promote(entity, reason=f"evidence from {papers} papers")
         return entity
 
-    def _look(self, tx: Tx, m: Mention) -> ResolveResult:
+    def _look(self, m: Mention) -> ResolveResult:
         """What a creating call would answer, writing nothing."""
         d: Decision = decide(self.index, m.display, m.entity_type)
         candidates = tuple(c.entity.entity_id for c in d.candidates)
@@ -336,7 +345,8 @@ class IdentityService:
                            d.winner.matched_name, m)
         matched = d.best[0].matched_name if d.best else ""
         if d.outcome is Outcome.AMBIGUOUS:
-            existing = tx.placeholder(m.display, m.entity_type)
+            with self.store.read() as tx:
+                existing = tx.placeholder(m.display, m.entity_type)
             placeholder = self.index.live(existing) if existing else None
             if placeholder is not None:
                 return _result(placeholder, MatchKind.AMBIGUOUS, False, (), candidates, matched, m)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -68,6 +70,9 @@ class SqlStore:
     def __init__(self, url: str, *, busy_timeout_s: float = 60.0) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
+        self._watch: sqlite3.Connection | None = None
+        self._watch_lock = threading.Lock()
+        self._watch_version: int | None = None
         try:
             if self.is_sqlite:
                 self.engine: Engine = create_engine(
@@ -78,11 +83,33 @@ class SqlStore:
             else:
                 self.engine = create_engine(url, pool_pre_ping=True, pool_size=8)
             t.metadata.create_all(self.engine)
+            self._watch = self._open_watch()
         except SQLAlchemyError as e:
             raise StoreUnavailable(f"cannot open the identity store at {_safe(url)}: {e}") from e
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         self.engine.dispose()
+
+    def may_have_changed(self) -> bool:
+        """False only when nothing was committed since the previous call (then the in-memory
+        index is current without a query). SQLite's `PRAGMA data_version` on a connection that
+        never writes changes whenever any other connection, in any process, commits; elsewhere
+        the answer is always True."""
+        if self._watch is None:
+            return True
+        with self._watch_lock:
+            version = self._watch.execute("PRAGMA data_version").fetchone()[0]
+            changed = version != self._watch_version
+            self._watch_version = version
+        return changed
+
+    def _open_watch(self) -> sqlite3.Connection | None:
+        database = self.engine.url.database
+        if not self.is_sqlite or not database or database == ":memory:":
+            return None
+        return sqlite3.connect(database, check_same_thread=False, isolation_level=None)
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
@@ -111,8 +138,6 @@ class SqlStore:
 
 
 def _operational_errors() -> tuple[type[BaseException], ...]:
-    import sqlite3
-
     errors: list[type[BaseException]] = [sqlite3.OperationalError]
     try:
         import psycopg

@@ -1,0 +1,62 @@
+"""Two services on one store (as two server processes would be) see each other's changes at once.
+
+Each service answers repeat mentions from its in-memory index; these tests check that the index
+is caught up with every change another process committed before an answer is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from identity_server.domain import MatchKind, Status
+from identity_server.server import build_service
+from identity_server.service import IdentityService
+from identity_server.settings import Settings
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[IdentityService, IdentityService]]:
+    url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
+    a, b = build_service(Settings(db_url=url)), build_service(Settings(db_url=url))
+    yield a, b
+    a.store.close()
+    b.store.close()
+
+
+def test_a_creation_elsewhere_is_seen_by_lookups_and_repeat_resolves(
+    pair: tuple[IdentityService, IdentityService],
+) -> None:
+    a, b = pair
+    assert b.resolve("Grace Hopper", "person", lookup_only=True).entity_id == ""
+    created = a.resolve("Grace Hopper", "person").entity_id
+    seen = b.resolve("Grace Hopper", "person", lookup_only=True)
+    assert (seen.entity_id, seen.match_kind) == (created, MatchKind.EXACT)
+    again = b.resolve("Grace Hopper", "person")  # no context: answered without the write lock
+    assert (again.entity_id, again.created) == (created, False)
+    assert b.resolve("grace hopper", "person").entity_id == created
+
+
+def test_a_merge_elsewhere_redirects_at_once(pair: tuple[IdentityService, IdentityService]) -> None:
+    a, b = pair
+    x = b.resolve("Analytical Engine", "tool").entity_id
+    y = b.resolve("Difference Engine", "tool").entity_id
+    assert b.resolve("Difference Engine", "tool").entity_id == y
+    a.merge(y, x)
+    assert b.get_entity(y).status is Status.MERGED
+    assert b.resolve("Difference Engine", "tool").entity_id == x
+
+
+def test_a_new_ambiguity_elsewhere_changes_the_answer(
+    pair: tuple[IdentityService, IdentityService],
+) -> None:
+    """Once another process adds a second best candidate, a repeat mention is ambiguous."""
+    a, b = pair
+    a.import_lines(['{"id": "Q1", "name": "Jordan Smith", "type": "person"}'])
+    assert b.resolve("Jordan Smith", "person").entity_id == "Q1"
+    a.import_lines(['{"id": "Q2", "name": "Jordan Smith", "type": "person"}'])
+    reply = b.resolve("Jordan Smith", "person")
+    assert reply.match_kind is MatchKind.AMBIGUOUS
+    assert reply.candidates[:2] == ("Q1", "Q2")
