@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from tqdm import tqdm
 
 from identity_server.errors import IdentityError
 from identity_server.settings import Settings
@@ -97,8 +98,10 @@ def _import(args: argparse.Namespace) -> int:
     settings = _settings(args, "db_url")
     service = build_service(settings)
     try:
-        with args.file.open(encoding="utf-8-sig", newline="") as f:
-            report = service.import_lines(f, args.format)
+        with args.file.open(encoding="utf-8-sig", newline="") as f, tqdm(
+            unit=" records", desc="importing", disable=None, file=sys.stderr
+        ) as bar:
+            report = service.import_lines(f, args.format, progress=bar.update)
     finally:
         service.store.close()
     for e in report.errors:

@@ -471,8 +471,11 @@ class IdentityService:
 
     # -- importing (admin) -----------------------------------------------------------------------
 
-    def import_lines(self, lines: Iterable[str], fmt: str | None = None) -> ImportReport:
-        """Import an authority file's lines; bad records are refused with their line numbers."""
+    def import_lines(self, lines: Iterable[str], fmt: str | None = None, *,
+                     progress: Callable[[int], None] | None = None) -> ImportReport:
+        """Import an authority file's lines; bad records are refused with their line numbers.
+
+        `progress` is called with the number of records handled after each transaction."""
         errors: list[RecordError] = []
         counts = {"imported": 0, "created": 0, "updated": 0, "merged": 0, "linked": 0}
         keys: dict[str, None] = {}
@@ -481,6 +484,8 @@ class IdentityService:
         def flush() -> None:
             if chunk:
                 self._write(lambda u: self._import_chunk(u, list(chunk), counts, keys, errors))
+                if progress is not None:
+                    progress(len(chunk))
                 chunk.clear()
 
         for item in parse_authority(lines, fmt):
