@@ -236,7 +236,8 @@ def results_md(results: dict[str, Any], command: str) -> str:
         rec = json.loads(TEN_M_JSON.read_text())
         pt, mm = rec["point"], rec["machine"]
         lines.append(f"Run {rec['date']} on {mm['nproc']} cores, {mm['memory']}, {mm['cpu']} "
-                     f"(`python -m benchmarks.run --with-10m` or `--only-10m`), in a child process under a "
+                     f"(`python -m benchmarks.run --with-10m` or `--only-10m`), in a child "
+                     f"process under a "
                      f"{pt.get('cap_bytes', CAP_10M) / (1 << 30):.0f} GB address-space cap.")
         lines.append("")
         if pt.get("fit"):
