@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Self, TypeVar
+from typing import Any, NamedTuple, Self, TypeVar
 
 import grpc
 from identity_api.v1 import identity_service_pb2 as pb
@@ -59,9 +59,8 @@ class ServerUnavailable(IdentityError):
     """The server stayed unreachable (or too slow) for the whole retry budget."""
 
 
-@dataclass(frozen=True, slots=True)
-class Resolution:
-    """What the server decided for one mention."""
+class Resolution(NamedTuple):
+    """What the server decided for one mention (a named tuple: one is built per mention)."""
 
     entity_id: str
     status: str
@@ -125,18 +124,9 @@ class RetryPolicy:
 
 
 def _resolution(r: pb.ResolveResponse) -> Resolution:
-    return Resolution(
-        entity_id=r.entity_id,
-        status=_STATUS.get(r.status, ""),
-        match_kind=_KIND.get(r.match_kind, ""),
-        created=r.created,
-        entity_type=r.entity_type,
-        name=r.name,
-        matched_name=r.matched_name,
-        display_form=r.display_form,
-        candidates=tuple(r.candidates),
-        possibly_same_as=tuple(r.possibly_same_as),
-    )
+    return Resolution(r.entity_id, _STATUS.get(r.status, ""), _KIND.get(r.match_kind, ""),
+                      r.created, r.entity_type, r.name, r.matched_name, r.display_form,
+                      tuple(r.candidates), tuple(r.possibly_same_as))
 
 
 def _entity(e: pb.Entity) -> EntityInfo:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -69,9 +69,11 @@ class SpanError(ValueError):
     """A span whose end is before its start."""
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
-    """Character offsets ``[start, end)`` in the paper's text (both checked non-negative)."""
+class Span(NamedTuple):
+    """Character offsets ``[start, end)`` in the paper's text (both checked non-negative).
+
+    A named tuple (not a dataclass): one is built per span of every paper, so it must be cheap.
+    """
 
     start: int
     end: int

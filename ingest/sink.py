@@ -22,7 +22,6 @@ import duckdb
 import pyarrow as pa
 
 from ingest.client import ChangeEvent, Link, Resolution
-from ingest.models import Span
 from ingest.validate import CheckedPaper, LineReject, Reject
 
 logger = logging.getLogger(__name__)
@@ -135,6 +134,7 @@ CREATE OR REPLACE VIEW entities AS
     FROM mentions_resolved WHERE is_current GROUP BY resolved_id;
 """
 
+# Spans arrive as ``Span`` named tuples (or None), which Arrow reads as this struct as they are.
 _SPAN_TYPE = pa.struct([("start", pa.int64()), ("end", pa.int64())])
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -212,10 +212,6 @@ class WriteOutcome:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-def _span(span: Span | None) -> dict[str, int] | None:
-    return None if span is None else {"start": span.start, "end": span.end}
-
-
 def _stable_position(position: str) -> str:
     """``file:line`` with the file made absolute, so reruns from another directory match."""
     path, _, line = position.rpartition(":")
@@ -239,6 +235,14 @@ class _Pending:
     is_current: bool = True
     closed_in: str | None = None
     superseded_by: str | None = None
+
+
+def _table(schema: pa.Schema, columns: Sequence[Sequence[Any] | pa.Array[Any]]) -> pa.Table:
+    """One Arrow table from one list (or ready array) per column of ``schema``."""
+    return pa.Table.from_arrays(
+        [col if isinstance(col, pa.Array) else pa.array(col, type=field.type)
+         for field, col in zip(schema, columns, strict=True)],
+        schema=schema)
 
 
 class _Rows:
@@ -423,42 +427,85 @@ class GraphSink:
 
     def _insert_papers(self, pending: list[_Pending], now: datetime,
                        outcome: WriteOutcome) -> None:
-        papers, mentions = _Rows(PAPERS_SCHEMA), _Rows(MENTIONS_SCHEMA)
-        rels = _Rows(RELATIONSHIPS_SCHEMA)
+        """Builds the three tables column by column: per paper, a few list extends."""
+        papers = _Rows(PAPERS_SCHEMA)
+        m_cols: list[list[Any]] = [[] for _ in MENTIONS_SCHEMA.names]
+        (m_paper, m_revision, m_hash, m_id, m_index, m_text, m_type, m_entity, m_status,
+         m_kind, m_created, m_rtype, m_display, m_matched, m_span, m_current) = m_cols
+        r_cols: list[list[Any]] = [[] for _ in RELATIONSHIPS_SCHEMA.names]
+        (r_id, r_paper, r_revision, r_hash, r_index, r_subject, r_subject_id, r_predicate,
+         r_raw, r_inverted, r_object, r_object_id, r_confidence, r_span, r_quote, _valid_from,
+         r_to, r_closed_in) = r_cols
         for entry in pending:
             paper = entry.resolved.paper
-            new = sum(1 for r in entry.resolved.resolutions if r.created)
-            matched = len(entry.resolved.resolutions) - new
+            resolutions = entry.resolved.resolutions
+            n_mentions = len(paper.mentions)
+            n_rels = len(paper.relationships)
+            if len(resolutions) != n_mentions:
+                raise ValueError(f"paper {paper.paper_id}: {len(resolutions)} resolutions for "
+                                 f"{n_mentions} mentions")
+            new = 0
+            ids: dict[str, str] = {}
+            if n_mentions:
+                index, mention_id, text, etype, span = zip(*paper.mentions, strict=True)
+                (entity_id, status, kind, created, rtype, _name, matched, display, _candidates,
+                 _possibly) = zip(*resolutions, strict=True)
+                new = sum(created)
+                ids = dict(zip(mention_id, entity_id, strict=True))
+                m_paper += [paper.paper_id] * n_mentions
+                m_revision += [paper.revision] * n_mentions
+                m_hash += [paper.content_hash] * n_mentions
+                m_id += mention_id
+                m_index += index
+                m_text += text
+                m_type += etype
+                m_entity += entity_id
+                m_status += status
+                m_kind += kind
+                m_created += created
+                m_rtype += rtype
+                m_display += display
+                m_matched += matched
+                m_span += span
+                m_current += [entry.is_current] * n_mentions
+            matched_count = n_mentions - new
             outcome.new_entities += new
-            outcome.matched_entities += matched
-            outcome.relationships += len(paper.relationships)
+            outcome.matched_entities += matched_count
+            outcome.relationships += n_rels
             papers.add(
                 paper.paper_id, paper.revision, paper.content_hash, paper.position,
-                {"mentions": len(paper.mentions), "relationships": len(paper.relationships),
-                 "rejects": len(paper.rejects), "new_entities": new, "matched_entities": matched},
+                {"mentions": n_mentions, "relationships": n_rels,
+                 "rejects": len(paper.rejects), "new_entities": new,
+                 "matched_entities": matched_count},
                 entry.is_current, entry.superseded_by, now)
-            current = entry.is_current
-            closed_at = None if current else now
-            ids: dict[str, str] = {}
-            for m, res in zip(paper.mentions, entry.resolved.resolutions, strict=True):
-                ids[m.mention_id] = res.entity_id
-                mentions.add(
-                    paper.paper_id, paper.revision, paper.content_hash, m.mention_id, m.index,
-                    m.text, m.entity_type, res.entity_id, res.status, res.match_kind,
-                    res.created, res.entity_type, res.display_form, res.matched_name,
-                    _span(m.span), current)
-            for r in paper.relationships:
-                rels.add(
-                    r.relationship_id, paper.paper_id, paper.revision, paper.content_hash,
-                    r.index, r.subject_mention_id, ids[r.subject_mention_id], r.predicate,
-                    r.raw_predicate, r.inverted, r.object_mention_id, ids[r.object_mention_id],
-                    r.confidence, _span(r.evidence_span), r.evidence_quote, now, closed_at,
-                    entry.closed_in)
+            if n_rels:
+                (index, rid, subject, obj, predicate, raw, inverted, confidence, span,
+                 quote) = zip(*paper.relationships, strict=True)
+                r_id += rid
+                r_paper += [paper.paper_id] * n_rels
+                r_revision += [paper.revision] * n_rels
+                r_hash += [paper.content_hash] * n_rels
+                r_index += index
+                r_subject += subject
+                r_subject_id += map(ids.__getitem__, subject)
+                r_predicate += predicate
+                r_raw += raw
+                r_inverted += inverted
+                r_object += obj
+                r_object_id += map(ids.__getitem__, obj)
+                r_confidence += confidence
+                r_span += span
+                r_quote += quote
+                r_to += [None if entry.is_current else now] * n_rels
+                r_closed_in += [entry.closed_in] * n_rels
         self._append("papers", papers.table())
-        if mentions:
-            self._append("mentions", mentions.table())
-        if rels:
-            self._append("relationships", rels.table())
+        if m_paper:
+            self._append("mentions", _table(MENTIONS_SCHEMA, m_cols))
+        if r_id:
+            valid_from = pa.repeat(pa.scalar(now, type=_TS), len(r_id))
+            columns: list[list[Any] | pa.Array[Any]] = list(r_cols)
+            columns[RELATIONSHIPS_SCHEMA.get_field_index("valid_from")] = valid_from
+            self._append("relationships", _table(RELATIONSHIPS_SCHEMA, columns))
 
     def _append(self, name: str, table: pa.Table) -> None:
         self._con.register("_new", table)

@@ -147,6 +147,7 @@ DEFAULT_INVERSES: dict[str, str] = {
     "location of": "located_in",
 }
 
+_MAX_CACHED_READINGS = 10_000
 _SEPARATORS = re.compile(r"[\s_\-]+")
 
 
@@ -176,6 +177,9 @@ class Vocabulary:
     synonyms: Mapping[str, str] = field(default_factory=dict)
     inverses: Mapping[str, str] = field(default_factory=dict)
     fallback: str = FALLBACK_LABEL
+    # Readings of raw predicates seen so far (a batch repeats a few phrasings many times).
+    _readings: dict[str, PredicateReading] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.fallback not in self.labels:
@@ -189,6 +193,14 @@ class Vocabulary:
 
     def read(self, raw: str) -> PredicateReading:
         """Reads a raw predicate; unknown text becomes the fallback (the caller keeps the raw)."""
+        reading = self._readings.get(raw)
+        if reading is None:
+            reading = self._read(raw)
+            if len(self._readings) < _MAX_CACHED_READINGS:
+                self._readings[raw] = reading
+        return reading
+
+    def _read(self, raw: str) -> PredicateReading:
         phrase = normalize_phrase(raw)
         as_label = phrase.replace(" ", "_")
         if as_label in self.labels:
