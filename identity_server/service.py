@@ -609,8 +609,14 @@ def _nothing(kind: MatchKind, candidates: tuple[str, ...], matched: str,
 
 
 def _batch_hash(context_id: str, mentions: Sequence[tuple[str, str]]) -> str:
-    payload = json.dumps([context_id, [list(m) for m in mentions]], ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()
+    """Identifies a request exactly: every string length-prefixed, so no two requests collide
+    by concatenation."""
+    h = hashlib.sha256()
+    for text in (context_id, *(s for pair in mentions for s in pair)):
+        data = text.encode("utf-8", "surrogatepass")
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.hexdigest()
 
 
 def _encode_results(results: Sequence[ResolveResult | ItemError]) -> str:

@@ -49,6 +49,8 @@ class Unit:
         self.changes: list[ChangeRecord] = []
         self.touched: set[str] = set()
         self._evidence: dict[tuple[str, str, str, str], int] = {}
+        self._new_entities: list[Entity] = []
+        self._new_names: list[tuple[str, NameRow]] = []
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -67,7 +69,15 @@ class Unit:
         self._evidence[k] = self._evidence.get(k, 0) + 1
 
     def flush(self) -> None:
-        """Write buffered rows: evidence, then the change feed."""
+        """Write the buffered rows: new entities, names, evidence, then the change feed.
+
+        Resolving only appends rows, so they are written in one statement per table; every
+        method that reads or updates stored entities or names flushes first.
+        """
+        self.tx.insert_entities(self._new_entities, now=self.now)
+        self._new_entities = []
+        self.tx.put_names_of(self._new_names)
+        self._new_names = []
         self.tx.add_evidence(self._evidence)
         self._evidence = {}
         self.tx.append_changes(self.changes)
@@ -85,8 +95,8 @@ class Unit:
             placeholder=placeholder,
             names=(Name(display, NameKind.NAME, 0),),
         )
-        self.tx.insert_entities([entity], now=self.now)
-        self.tx.put_names(entity.entity_id, [NameRow(display, NameKind.NAME.value, 0, "")])
+        self._new_entities.append(entity)
+        self._new_names.append((entity.entity_id, NameRow(display, NameKind.NAME.value, 0, "")))
         self.emit(CREATED, entity.entity_id, name=display, entity_type=entity_type,
                   placeholder=placeholder)
         self.put(entity)
@@ -110,8 +120,8 @@ class Unit:
             rows += [(entity_id, r) for r in mine]
             self.emit(IMPORTED, entity_id, name=name, entity_type=entity_type, aliases=aliases,
                       created=True)
-        self.tx.insert_entities(created, now=self.now)
-        self.tx.put_names_of(rows)
+        self._new_entities += created
+        self._new_names += rows
         for entity in created:
             self.put(entity)
         return created
@@ -120,6 +130,7 @@ class Unit:
                            aliases: list[str]) -> Entity:
         """Replace what the authority said; the previous name stays as an alias, and aliases
         added by curators or merges, and surface forms, stay."""
+        self.flush()
         rows = {r.display: r for r in self.tx.name_rows(entity.entity_id)}
         position = max((r.position for r in rows.values()), default=0) + 1
         changed: dict[str, NameRow] = {}
@@ -168,7 +179,7 @@ class Unit:
         else:
             names = entity.names
         position = self._next_position(entity)
-        self.tx.put_names(entity.entity_id, [NameRow(display, kind.value, position, source)])
+        self._new_names.append((entity.entity_id, NameRow(display, kind.value, position, source)))
         updated = dataclasses.replace(entity, names=names + (Name(display, kind, position),))
         change = ALIAS_ADDED if kind is NameKind.ALIAS else SURFACE_FORM_ADDED
         field = "alias" if kind is NameKind.ALIAS else "surface_form"
@@ -182,6 +193,7 @@ class Unit:
         return max((n.position for n in entity.names), default=0) + 1
 
     def upgrade_type(self, entity: Entity, entity_type: str) -> Entity:
+        self.flush()
         self.tx.update_entity(entity.entity_id, entity_type=entity_type)
         updated = dataclasses.replace(entity, entity_type=entity_type)
         self.emit(TYPE_UPGRADED, entity.entity_id, old_type=entity.entity_type,
@@ -190,6 +202,7 @@ class Unit:
         return updated
 
     def promote(self, entity: Entity, *, reason: str) -> Entity:
+        self.flush()
         if entity.status is Status.CANONICAL:
             return entity
         self.tx.update_entity(entity.entity_id, status=Status.CANONICAL)
@@ -237,6 +250,7 @@ class Unit:
 
     def merge(self, source: Entity, target: Entity, *, reason: str) -> Entity:
         """Merge live source into live target (checked by the caller with check_mergeable)."""
+        self.flush()
         s_id, t_id = source.entity_id, target.entity_id
         t_rows = {r.display: r for r in self.tx.name_rows(t_id)}
         position = max((r.position for r in t_rows.values()), default=0) + 1
