@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -62,3 +65,26 @@ def snapshot() -> Callable[..., Snapshot]:
 @pytest.fixture
 def jsonl() -> Callable[[Path, Iterable[Any]], Path]:
     return write_jsonl
+
+
+def kill_at(proc: subprocess.Popen[Any], seconds: float) -> bool:
+    """SIGKILLs ``proc`` ``seconds`` from now unless it ends first; True when SIGKILL ended it.
+
+    The outcome is read from the exit status, not from a poll before the kill, so a job that ends
+    just before the signal counts as "ended first" (False), never as a failed kill. Any exit status
+    other than 0 or -SIGKILL is a job that failed on its own and fails the test.
+    """
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)  # not waited for yet, so the pid is still this process
+    status = proc.wait(timeout=30)
+    if status == -signal.SIGKILL:
+        return True
+    assert status == 0, f"the job failed on its own (exit status {status})"
+    return False
+
+
+@pytest.fixture(name="kill_at")
+def kill_at_fixture() -> Callable[[subprocess.Popen[Any], float], bool]:
+    return kill_at
