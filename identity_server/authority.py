@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 REQUIRED_COLUMNS = ("id", "name", "type")
@@ -106,7 +106,7 @@ def _strip_newlines(lines: Iterable[str]) -> Iterator[str]:
         yield line if line.endswith("\n") else line + "\n"
 
 
-def _record(number: int, obj: dict[str, object], aliases: object) -> AuthorityRecord | RecordError:
+def _record(number: int, obj: Mapping[str, object], aliases: object) -> AuthorityRecord | RecordError:
     for field in REQUIRED_COLUMNS:
         if field not in obj:
             return RecordError(number, f"missing field {field!r}")

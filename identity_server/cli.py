@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except grpc.RpcError as e:
-        print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -129,8 +129,7 @@ class NameIndex:
         else:
             before = old.names if old.status is not Status.MERGED else ()
             self._reindex(eid, before, after)
-        if entity.ordinal > self._max_ordinal:
-            self._max_ordinal = entity.ordinal
+        self._max_ordinal = max(self._max_ordinal, entity.ordinal)
 
     def put_many(self, entities: Iterable[Entity]) -> None:
         for entity in entities:
@@ -189,7 +188,7 @@ class NameIndex:
                 variants[variant] = k
             elif found.__class__ is str:
                 if found != k:
-                    variants[variant] = {found, k}  # type: ignore[arg-type]
+                    variants[variant] = {found, k}
             else:
                 found.add(k)  # type: ignore[union-attr]
 
@@ -199,4 +198,4 @@ def _is_anchor(n: Name) -> bool:
     return n.kind is not NameKind.SURFACE and len(n.key) >= MIN_TYPO_KEY
 
 
-__all__ = ["NameIndex", "deletion_variants", "MIN_TYPO_KEY"]
+__all__ = ["MIN_TYPO_KEY", "NameIndex", "deletion_variants"]

@@ -11,7 +11,16 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from identity_server.domain import OTHER, Entity, MatchKind, Name, NameKind, Rule, Status, compatible
+from identity_server.domain import (
+    OTHER,
+    Entity,
+    MatchKind,
+    Name,
+    NameKind,
+    Rule,
+    Status,
+    compatible,
+)
 from identity_server.normalize import fold, key, one_edit_apart
 
 STRONG_TYPO_KEY = 6  # SPEC: the shorter key has 6+ characters
@@ -176,4 +185,4 @@ def _weak(rule: Rule, found: list[Candidate], mention_type: str) -> Decision:
     return Decision(Outcome.WEAK, rule, tuple(found), _best(found, mention_type))
 
 
-__all__ = ["Candidate", "Decision", "IndexView", "NEW_DECISION", "OTHER", "Outcome", "decide", "rank"]
+__all__ = ["NEW_DECISION", "OTHER", "Candidate", "Decision", "IndexView", "Outcome", "decide", "rank"]

@@ -13,9 +13,9 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
 from identity_server.domain import TypeVocabulary
 from identity_server.service import IdentityService, ServiceConfig
 from identity_server.servicer import IdentityServicer

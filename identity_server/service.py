@@ -472,7 +472,7 @@ class IdentityService:
     # -- importing (admin) -----------------------------------------------------------------------
 
     def import_lines(self, lines: Iterable[str], fmt: str | None = None, *,
-                     progress: Callable[[int], None] | None = None) -> ImportReport:
+                     progress: Callable[[int], object] | None = None) -> ImportReport:
         """Import an authority file's lines; bad records are refused with their line numbers.
 
         `progress` is called with the number of records handled after each transaction."""
@@ -499,7 +499,7 @@ class IdentityService:
         pending = list(keys)
         for i in range(0, len(pending), IMPORT_CHUNK):
             part = pending[i : i + IMPORT_CHUNK]
-            self._write(lambda u: self._import_merges(u, part, counts))
+            self._write(lambda u, part=part: self._import_merges(u, part, counts))  # type: ignore[misc]
         return ImportReport(errors=tuple(sorted(errors, key=lambda e: e.line)), **counts)
 
     def _import_chunk(self, u: Unit, records: list[AuthorityRecord], counts: dict[str, int],
@@ -566,12 +566,12 @@ class IdentityService:
                     (c for c in canonical if types_compatible(c.entity_type, p.entity_type)),
                     key=lambda e: e.ordinal,
                 )
-                if len(targets) == 1:
-                    if not u.is_distinct(p.entity_id, targets[0].entity_id):
-                        u.merge(p, self._live(targets[0].entity_id), reason="import")
-                        counts["merged"] += 1
-                elif targets:
-                    if any([u.link(p.entity_id, c.entity_id) for c in targets]):
+                if len(targets) == 1 and not u.is_distinct(p.entity_id, targets[0].entity_id):
+                    u.merge(p, self._live(targets[0].entity_id), reason="import")
+                    counts["merged"] += 1
+                elif len(targets) > 1:
+                    linked = [c for c in targets if u.link(p.entity_id, c.entity_id)]
+                    if linked:
                         counts["linked"] += 1
 
 

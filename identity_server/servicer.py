@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
-
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
 from identity_server.domain import MatchKind, Status
 from identity_server.errors import (
     EntityNotFound,
@@ -72,9 +72,6 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
                 code = STATUS_CODES.get(type(e), grpc.StatusCode.INTERNAL)
                 context.abort(code, str(e))
             except Exception:
-                if context.code() not in (None, grpc.StatusCode.OK):
-                    code = context.code()  # already aborted by a nested call
-                    raise
                 code = grpc.StatusCode.INTERNAL
                 logger.exception("%s failed", name)
                 context.abort(code, "internal error; the server log has the details")
@@ -94,7 +91,7 @@ def _count(request: Any) -> int:
     return len(mentions) if mentions is not None else 1
 
 
-class IdentityServicer(pb_grpc.IdentityServiceServicer):
+class IdentityServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
     def __init__(self, service: IdentityService, *, admin_token: str | None) -> None:
         self.service = service
         self.admin_token = admin_token
@@ -106,7 +103,8 @@ class IdentityServicer(pb_grpc.IdentityServiceServicer):
                 "(or IDENTITY_ADMIN_TOKEN)"
             )
         given = dict(context.invocation_metadata()).get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode()):
+        presented = given.encode() if isinstance(given, str) else given
+        if not hmac.compare_digest(presented, f"Bearer {self.admin_token}".encode()):
             raise Unauthenticated("admin RPC needs metadata 'authorization: Bearer <admin token>'")
 
     @_rpc()

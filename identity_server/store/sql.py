@@ -18,7 +18,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, bindparam, create_engine, event, func, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
@@ -100,7 +111,7 @@ class SqlStore:
         if self._watch is None:
             return True
         with self._watch_lock:
-            version = self._watch.execute("PRAGMA data_version").fetchone()[0]
+            version = int(self._watch.execute("PRAGMA data_version").fetchone()[0])
             changed = version != self._watch_version
             self._watch_version = version
         return changed
@@ -320,10 +331,10 @@ class Tx:
         )
 
     def max_ordinal(self) -> int:
-        return int(self.conn.scalar(select(func.coalesce(func.max(t.entities.c.ordinal), 0))))
+        return int(self.conn.scalar(select(func.coalesce(func.max(t.entities.c.ordinal), 0))) or 0)
 
     def entity_count(self) -> int:
-        return int(self.conn.scalar(select(func.count()).select_from(t.entities)))
+        return int(self.conn.scalar(select(func.count()).select_from(t.entities)) or 0)
 
     # -- names ---------------------------------------------------------------------------------
 
@@ -454,7 +465,7 @@ class Tx:
     # -- change feed ---------------------------------------------------------------------------
 
     def max_seq(self) -> int:
-        return int(self.conn.scalar(select(func.coalesce(func.max(t.changes.c.seq), 0))))
+        return int(self.conn.scalar(select(func.coalesce(func.max(t.changes.c.seq), 0))) or 0)
 
     def changes_after(self, seq: int, limit: int | None = None) -> list[ChangeRecord]:
         q = self._sql.changes_after if not limit else self._sql.changes_after.limit(limit)
