@@ -269,6 +269,12 @@ class IdentityService:
 
     def _resolve(self, u: Unit, m: Mention, context_id: str) -> ResolveResult:
         d = decide(self.index, m.display, m.entity_type)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "decision mention=%r type=%s rule=%s outcome=%s candidates=%s",
+                m.display, m.entity_type, d.rule.name if d.rule else "-", d.outcome.value,
+                [c.entity.entity_id for c in d.candidates],
+            )
         candidates = tuple(c.entity.entity_id for c in d.candidates)
         if d.outcome is Outcome.CONVERGED:
             assert d.winner is not None
