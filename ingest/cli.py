@@ -11,6 +11,7 @@ run (server unreachable for the whole retry budget, database locked, input missi
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +53,25 @@ def identity_server_address(settings: Settings) -> Iterator[str]:
         yield f"127.0.0.1:{running.port}"
     finally:
         running.stop(grace=1.0)
+
+
+@contextmanager
+def _lean_collector() -> Iterator[None]:
+    """Cheaper cyclic garbage collection for the job, restored afterwards.
+
+    A job allocates a great many small objects that reference counting frees (parsed lines, rows),
+    so the collector's default pace spends about a tenth of the client's CPU on them, most of it
+    walking the modules and the embedded server again and again. Those are frozen out of the
+    collections, and the young generation is collected less often.
+    """
+    threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 10)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
 
 
 def _client(settings: Settings, address: str) -> IdentityClient:
@@ -100,8 +120,9 @@ def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
             _client(settings, address) as client:
         update, bar = _progress(settings, total)
         try:
-            summary = run_job(paths, sink=sink, resolver=client, options=options,
-                              progress=update)
+            with _lean_collector():
+                summary = run_job(paths, sink=sink, resolver=client, options=options,
+                                  progress=update)
         finally:
             if bar is not None:
                 bar.close()
