@@ -205,6 +205,10 @@ class IdentityService:
             )
         if not key(display):
             raise InvalidArgument(f"mention {display!r} has no letters, digits or symbols")
+        try:
+            display.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidArgument("mention contains a lone surrogate: not valid Unicode") from e
         return Mention(display, self.config.vocabulary.for_mention(entity_type), entity_type)
 
     def _live(self, entity_id: str) -> Entity:

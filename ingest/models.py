@@ -91,7 +91,19 @@ def to_span(value: list[int] | SpanObject | None) -> Span | None:
     return Span(start, end)
 
 
+def check_unicode(value: str) -> str:
+    """JSON can spell a lone surrogate (`"\\ud800"`), which no UTF-8 store can hold."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"contains a lone surrogate (\\u{ord(value[e.start]):04x}), which is not valid Unicode"
+        ) from None
+    return value
+
+
 def _check_id(value: str) -> str:
+    check_unicode(value)
     if not value.strip():
         raise ValueError("must not be empty")
     cap = _limits().max_id_chars
@@ -117,6 +129,7 @@ class MentionIn(BaseModel):
     @field_validator("text")
     @classmethod
     def _text(cls, value: str) -> str:
+        check_unicode(value)
         if not value.strip():
             raise ValueError("text is empty")
         cap = _limits().max_mention_chars
@@ -127,6 +140,7 @@ class MentionIn(BaseModel):
     @field_validator("type")
     @classmethod
     def _type(cls, value: str) -> str:
+        check_unicode(value)
         if not value.strip():
             raise ValueError("type is empty")
         if len(value) > 128:
@@ -146,6 +160,7 @@ class EvidenceIn(BaseModel):
     def _quote(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        check_unicode(value)
         cap = _limits().max_quote_bytes
         size = len(value.encode("utf-8", errors="surrogatepass"))
         if size > cap:
@@ -171,6 +186,7 @@ class RelationshipIn(BaseModel):
     @field_validator("predicate")
     @classmethod
     def _predicate(cls, value: str) -> str:
+        check_unicode(value)
         if not value.strip():
             raise ValueError("predicate is empty")
         cap = _limits().max_predicate_chars
@@ -198,6 +214,11 @@ class PaperEnvelope(BaseModel):
     revision: str | None = None
     mentions: list[Any]
     relationships: list[Any]
+
+    @field_validator("paper_id", "revision")
+    @classmethod
+    def _unicode(cls, value: str | None) -> str | None:
+        return None if value is None else check_unicode(value)
 
     @field_validator("paper_id")
     @classmethod

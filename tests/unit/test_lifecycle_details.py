@@ -79,3 +79,11 @@ def test_reimport_drops_authority_aliases_but_keeps_curator_aliases_and_surface_
     assert entity.aliases == ("a-machine", "Universal Machine")
     assert entity.surface_forms == ("turing machine",)
     assert service.resolve("Logical Computing Machine", "concept", lookup_only=True).entity_id == ""
+
+
+def test_a_mention_with_a_lone_surrogate_is_invalid(service: IdentityService) -> None:
+    with pytest.raises(InvalidArgument, match="lone surrogate"):
+        service.resolve("Ada\ud800", "person")
+    (item_error, ok) = service.resolve_batch("p1", [("Ada\ud800", "person"), ("Ada", "person")])
+    assert getattr(item_error, "code", None) == "INVALID_ARGUMENT"
+    assert getattr(ok, "entity_id", "")

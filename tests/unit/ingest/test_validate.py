@@ -211,3 +211,21 @@ def test_configured_caps_are_applied() -> None:
     assert any("predicate is 12 characters long" in r.reason for r in p.rejects)
     # The caps hold only for that call.
     assert parse(paper()).rejects == ()
+
+
+def test_lone_surrogates_reject_their_item_or_line_and_stay_storable() -> None:
+    """JSON can spell "\\ud800"; no UTF-8 store holds it, so it costs only its own item."""
+    item = parse(None, raw=b'{"paper_id": "p1", "mentions": [{"id": "m1", "text": "Ada\\ud800", '
+                          b'"type": "person"}, {"id": "m2", "text": "Bob", "type": "person"}], '
+                          b'"relationships": []}')
+    assert isinstance(item, CheckedPaper)
+    assert [m.mention_id for m in item.mentions] == ["m2"]
+    (reject,) = item.rejects
+    assert "lone surrogate" in reject.reason and reject.item == "mentions[0]"
+    reject.raw.encode("utf-8")  # storable: the surrogate is escaped
+
+    line = parse(None, raw=b'{"paper_id": "p\\ud800", "mentions": [], "relationships": []}')
+    assert isinstance(line, LineReject)
+    assert "paper_id" in line.reason and "lone surrogate" in line.reason
+    assert line.paper_id is None
+    line.raw.encode("utf-8")
