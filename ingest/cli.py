@@ -83,7 +83,7 @@ def _client(settings: Settings, address: str) -> IdentityClient:
     )
 
 
-def _progress(settings: Settings, total: int | None) -> tuple[Callable[[int], None], Any]:
+def _progress(settings: Settings, total: int | None) -> tuple[Callable[[int], object], Any]:
     if not settings.progress:
         def ignore(n: int) -> None:
             return None

@@ -175,7 +175,7 @@ class IdentityClient:
             else grpc.insecure_channel(target, options=options)
         )
         # The generated stub is untyped; replies are typed through the pb2 stubs below.
-        self._stub: Any = pb_grpc.IdentityServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stub: Any = pb_grpc.IdentityServiceStub(self._channel)
         self._retries = 0
         self._retries_lock = threading.Lock()
 

@@ -161,7 +161,7 @@ def run_job(
     sink: GraphSink,
     resolver: Resolver,
     options: JobOptions | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> Summary:
     """Ingests every paper of ``paths`` into ``sink``; returns the summary.
 

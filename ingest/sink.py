@@ -325,7 +325,8 @@ class GraphSink:
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Runs a read-only query (used by ``stats`` and tests)."""
         try:
-            return self._con.execute(sql, params or []).fetchall()
+            rows: list[tuple[Any, ...]] = self._con.execute(sql, params or []).fetchall()
+            return rows
         except duckdb.Error as e:
             raise SinkError(f"query failed on {self.path}: {e}") from e
 

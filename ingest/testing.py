@@ -77,7 +77,7 @@ class _Abort(Exception):
         self.message = message
 
 
-class StubIdentityService(pb_grpc.IdentityServiceServicer):
+class StubIdentityService(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
     """The stub's state and RPCs; tests reach it through ``StubServer.servicer``."""
 
     def __init__(self, *, admin_token: str | None = None) -> None:
@@ -352,7 +352,7 @@ def serve_stub(*, port: int = 0, max_workers: int = 8,
     """Starts the stub on 127.0.0.1 (port 0 picks a free one) and returns it running."""
     servicer = StubIdentityService(admin_token=admin_token)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
-    pb_grpc.add_IdentityServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_IdentityServiceServicer_to_server(servicer, server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     logger.info("stub identity server listening on 127.0.0.1:%d", bound)
