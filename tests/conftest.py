@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
 from identity_server.server import RunningServer, build_service, start_server
 from identity_server.service import IdentityService
 from identity_server.settings import Settings
 
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 ADMIN_TOKEN = "test-admin-token"
 ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 
@@ -51,3 +54,26 @@ def channel(server: RunningServer) -> Iterator[grpc.Channel]:
 @pytest.fixture
 def stub(channel: grpc.Channel) -> pb_grpc.IdentityServiceStub:
     return pb_grpc.IdentityServiceStub(channel)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh schema in the `test` database, dropped afterwards."""
+    try:
+        import psycopg
+
+        conn = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
+    except Exception as e:  # noqa: BLE001 - any failure to connect means "no PostgreSQL here"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but PostgreSQL at 127.0.0.1:5432 does not answer: {e}")
+        pytest.skip(f"no PostgreSQL at 127.0.0.1:5432 ({e}); set CI to make this a failure")
+    schema = f"identity_test_{uuid.uuid4().hex[:12]}"
+    with conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            yield (
+                "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+                f"?options=-csearch_path%3D{schema}"
+            )
+        finally:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -239,6 +239,7 @@ class Tx:
 
     def __init__(self, conn: Connection, is_sqlite: bool) -> None:
         self.conn = conn
+        self._is_sqlite = is_sqlite
         if is_sqlite not in _STATEMENTS:
             _STATEMENTS[is_sqlite] = _Statements(is_sqlite)
         self._sql = _STATEMENTS[is_sqlite]
@@ -263,28 +264,46 @@ class Tx:
                 out[eid] = _entity(r, names[eid])
         return out
 
-    def iter_all_entities(self, batch: int = 20_000) -> Iterator[Entity]:
-        """Every entity with its names, streamed in entity-id order (for start-up)."""
-        ent_rows = self.conn.execution_options(stream_results=True, yield_per=batch).execute(
-            select(t.entities).order_by(t.entities.c.entity_id)
-        )
-        name_conn = self.conn  # same transaction: a consistent snapshot
-        name_rows = iter(
-            name_conn.execution_options(stream_results=True, yield_per=batch).execute(
-                select(t.names.c.entity_id, t.names.c.display, t.names.c.kind, t.names.c.position)
-                .where(t.names.c.kind != RETIRED)
-                .order_by(t.names.c.entity_id)
-            )
-        )
+    def iter_all_entities(self, batch: int = 50_000) -> Iterator[Entity]:
+        """Every entity with its names, streamed in entity-id order (for start-up).
+
+        Two ordered streams merged by id, read with plain driver cursors (start-up reads every
+        row, and SQLAlchemy's row objects would double its cost). Ids are ordered by code point
+        on both databases (PostgreSQL: the "C" collation), the order Python's `<` uses.
+        """
+        order = "entity_id" if self._is_sqlite else 'entity_id COLLATE "C"'
+        entity_rows = self._stream(
+            "SELECT entity_id, ordinal, entity_type, status, placeholder, redirect_to "
+            f"FROM entities ORDER BY {order}", batch, "load_entities")
+        name_rows = self._stream(
+            "SELECT entity_id, display, kind, position FROM names "
+            f"WHERE kind <> 'retired' ORDER BY {order}", batch, "load_names")
+        kinds = {k.value: k for k in NameKind}
+        statuses = {st.value: st for st in Status}
         pending = next(name_rows, None)
-        for r in ent_rows:
+        for eid, ordinal, entity_type, status_text, placeholder, redirect_to in entity_rows:
             found: list[Name] = []
-            while pending is not None and pending.entity_id < r.entity_id:
+            while pending is not None and pending[0] < eid:
                 pending = next(name_rows, None)
-            while pending is not None and pending.entity_id == r.entity_id:
-                found.append(Name(pending.display, NameKind(pending.kind), pending.position))
+            while pending is not None and pending[0] == eid:
+                found.append(Name(pending[1], kinds[pending[2]], pending[3]))
                 pending = next(name_rows, None)
-            yield _entity(r, found)
+            status = statuses[status_text]
+            yield Entity(eid, entity_type, status, ordinal, bool(placeholder), redirect_to,
+                         () if status is Status.MERGED else tuple(found))
+
+    def _stream(self, sql: str, batch: int, name: str) -> Iterator[tuple[Any, ...]]:
+        """Rows of one query in this transaction, fetched `batch` at a time."""
+        raw = self.conn.connection.driver_connection
+        assert raw is not None
+        # psycopg streams only from a named (server-side) cursor; sqlite3 always streams.
+        cursor = raw.cursor() if self._is_sqlite else raw.cursor(name=name)
+        try:
+            cursor.execute(sql)
+            while rows := cursor.fetchmany(batch):
+                yield from rows
+        finally:
+            cursor.close()
 
     def insert_entities(self, entities: Sequence[Entity], *, now: float) -> None:
         if entities:

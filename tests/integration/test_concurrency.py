@@ -7,13 +7,11 @@ names in shuffled orders.
 
 from __future__ import annotations
 
-import os
 import random
 import string
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -21,12 +19,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
 from identity_server.store.sql import SqlStore
 
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 NAMES = 500
 CLIENTS = 32
 SERVER_BIN = Path(sys.executable).with_name("identity-server")
@@ -116,29 +113,6 @@ def test_two_processes_on_one_sqlite_file(tmp_path: Path) -> None:
     with server_process(db_url) as a, server_process(db_url) as b:
         results = run_clients([a, b], names)
     check_one_entity_per_name(db_url, results, names)
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh schema in the `test` database, dropped afterwards."""
-    try:
-        import psycopg
-
-        conn = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
-    except Exception as e:  # noqa: BLE001 - any failure to connect means "no PostgreSQL here"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but PostgreSQL at 127.0.0.1:5432 does not answer: {e}")
-        pytest.skip(f"no PostgreSQL at 127.0.0.1:5432 ({e}); set CI to make this a failure")
-    schema = f"identity_test_{uuid.uuid4().hex[:12]}"
-    with conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-        try:
-            yield (
-                "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-                f"?options=-csearch_path%3D{schema}"
-            )
-        finally:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 @pytest.mark.slow

@@ -60,3 +60,28 @@ def test_a_new_ambiguity_elsewhere_changes_the_answer(
     reply = b.resolve("Jordan Smith", "person")
     assert reply.match_kind is MatchKind.AMBIGUOUS
     assert reply.candidates[:2] == ("Q1", "Q2")
+
+
+@pytest.mark.postgres
+def test_a_postgres_store_reloads_every_entity_with_its_names(pg_url: str) -> None:
+    """Start-up merges two id-ordered streams: ids of mixed case, punctuation and non-ASCII
+    letters (whose order differs between locale collations) must all get their names back."""
+    ids = ["Q-1", "Q1", "q1", "Q_1", "Q 1", "Ω1", "É1", "e1", "Z1", "a-2"]
+    first = build_service(Settings(db_url=pg_url))
+    try:
+        first.import_lines(
+            [f'{{"id": "{eid}", "name": "Entity {n} Name", "type": "concept", '
+             f'"aliases": ["Alias {n}"]}}' for n, eid in enumerate(ids)]
+        )
+        created = first.resolve("Brand New Thing", "tool").entity_id
+    finally:
+        first.store.close()
+    again = build_service(Settings(db_url=pg_url))
+    try:
+        for n, eid in enumerate(ids):
+            assert again.get_entity(eid).name == f"Entity {n} Name"
+            reply = again.resolve(f"alias {n}", "concept", lookup_only=True)
+            assert (reply.entity_id, reply.match_kind) == (eid, MatchKind.ALIAS)
+        assert again.resolve("brand new thing", "tool", lookup_only=True).entity_id == created
+    finally:
+        again.store.close()
