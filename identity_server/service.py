@@ -96,6 +96,16 @@ class ImportReport:
     errors: tuple[RecordError, ...] = ()
 
 
+@dataclass(slots=True)
+class _Pending:
+    """One Resolve waiting for a shared transaction, and what became of it."""
+
+    mention: Mention
+    context_id: str
+    result: ResolveResult | None = None
+    error: BaseException | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
     """The settings the use cases need (the server builds it from Settings)."""
@@ -116,6 +126,8 @@ class IdentityService:
         self.index = NameIndex()
         self._seq = 0
         self._lock = threading.RLock()
+        self._waiting: list[_Pending] = []  # resolves queued for the next shared transaction
+        self._waiting_lock = threading.Lock()
         self._known_papers: dict[str, set[str]] = {}
         self._batches_written = 0
         warm_up()
@@ -229,7 +241,7 @@ class IdentityService:
             unchanged = self._answer(lambda: self._converged_without_writes(m))
             if unchanged is not None:
                 return unchanged
-        return self._write(lambda u: self._resolve(u, m, context_id))
+        return self._resolve_together(m, context_id)
 
     def resolve_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
                       lookup_only: bool = False) -> list[ResolveResult | ItemError]:
@@ -270,6 +282,37 @@ class IdentityService:
             return results
 
         return self._write(work)
+
+    def _resolve_together(self, m: Mention, context_id: str) -> ResolveResult:
+        """A writing Resolve, sharing one transaction with those queued meanwhile.
+
+        While one thread holds the write lock, others queue their mentions; whichever thread
+        takes the lock next resolves every queued mention, one at a time in queue order, in a
+        single transaction (group commit). Each call still takes effect between its start and
+        its return, so the one-at-a-time outcome holds; the lock, the catch-up query and the
+        commit are paid once per group instead of once per call.
+        """
+        mine = _Pending(m, context_id)
+        with self._waiting_lock:
+            self._waiting.append(mine)
+        with self._lock:
+            if mine.result is None and mine.error is None:
+                with self._waiting_lock:
+                    group, self._waiting = self._waiting, []
+                try:
+                    results = self._write(
+                        lambda u: [self._resolve(u, p.mention, p.context_id) for p in group]
+                    )
+                except BaseException as e:
+                    for p in group:
+                        p.error = e
+                    raise
+                for p, result in zip(group, results, strict=True):
+                    p.result = result
+        if mine.result is None:
+            assert mine.error is not None
+            raise mine.error
+        return mine.result
 
     def _resolve(self, u: Unit, m: Mention, context_id: str) -> ResolveResult:
         d = decide(self.index, m.display, m.entity_type)

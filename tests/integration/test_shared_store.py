@@ -85,3 +85,34 @@ def test_a_postgres_store_reloads_every_entity_with_its_names(pg_url: str) -> No
         assert again.resolve("brand new thing", "tool", lookup_only=True).entity_id == created
     finally:
         again.store.close()
+
+
+def test_concurrent_resolves_in_one_service_share_transactions_correctly(
+    pair: tuple[IdentityService, IdentityService],
+) -> None:
+    """Callers queued behind the write lock are resolved together (group commit): one entity per
+    new mention, every caller the same id, every resolve's evidence counted."""
+    import threading
+
+    a, _ = pair
+    names = [f"Concurrent Name {chr(65 + i)}{chr(97 + i)}x" for i in range(8)]
+    seen: list[dict[str, str]] = [{} for _ in range(16)]
+    start = threading.Barrier(16)
+
+    def caller(i: int) -> None:
+        start.wait()
+        for n in names[i % 8 :] + names[: i % 8]:
+            seen[i][n] = a.resolve(n, "concept", context_id=f"paper-{i}").entity_id
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for n in names:
+        ids = {s[n] for s in seen}
+        assert len(ids) == 1, (n, ids)
+        entity = a.get_entity(ids.pop())
+        assert (entity.evidence_count, entity.paper_count) == (16, 16)
+    created = [c for c in a.list_changes(0) if c.kind == "created"]
+    assert len(created) == len(names)
