@@ -200,10 +200,6 @@ class IdentityService:
                     self._catch_up(tx)
             return work()
 
-    @property
-    def feed_position(self) -> int:
-        return self._seq
-
     # -- checking input --------------------------------------------------------------------------
 
     def parse_mention(self, mention: str, entity_type: str) -> Mention:

@@ -86,7 +86,7 @@ class Unit:
     # -- entities and names --------------------------------------------------------------------
 
     def create_provisional(self, display: str, entity_type: str, *, placeholder: bool) -> Entity:
-        ordinal = max(self.index.max_ordinal, 0) + 1
+        ordinal = self.index.max_ordinal + 1
         entity = Entity(
             entity_id=provisional_id(ordinal),
             entity_type=entity_type,
@@ -106,7 +106,7 @@ class Unit:
         """New canonical entities from (id, name, type, aliases), written in bulk."""
         created: list[Entity] = []
         rows: list[tuple[str, NameRow]] = []
-        ordinal = max(self.index.max_ordinal, 0)
+        ordinal = self.index.max_ordinal
         for entity_id, name, entity_type, aliases in records:
             ordinal += 1
             mine = [NameRow(name, NameKind.NAME.value, 0, "authority")]

@@ -12,7 +12,6 @@ import json
 import logging
 import sqlite3
 import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -349,9 +348,6 @@ class Tx:
             )
         )
 
-    def max_ordinal(self) -> int:
-        return int(self.conn.scalar(select(func.coalesce(func.max(t.entities.c.ordinal), 0))) or 0)
-
     def entity_count(self) -> int:
         return int(self.conn.scalar(select(func.count()).select_from(t.entities)) or 0)
 
@@ -546,7 +542,3 @@ def _entity(r: Any, found: list[Name]) -> Entity:
 def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
-
-
-def now() -> float:
-    return time.time()
