@@ -83,8 +83,9 @@ class Entity:
     names: tuple[Name, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        ordered = tuple(sorted(self.names, key=lambda n: (_KIND_ORDER[n.kind], n.position)))
-        object.__setattr__(self, "names", ordered)
+        if len(self.names) > 1 or not isinstance(self.names, tuple):
+            ordered = tuple(sorted(self.names, key=lambda n: (_KIND_ORDER[n.kind], n.position)))
+            object.__setattr__(self, "names", ordered)
 
     @property
     def name(self) -> str:

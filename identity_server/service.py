@@ -8,6 +8,7 @@ without the lock. Within one process, a lock keeps the index consistent between 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -138,11 +139,18 @@ class IdentityService:
     def _load(self) -> None:
         """Build the index from the store: the feed position first, then every entity, so
         changes committed meanwhile are replayed by the next catch-up (reloads are idempotent)."""
-        with self._lock, self.store.read() as tx:
-            self._seq = tx.max_seq()
-            self.index = NameIndex()
-            for entity in tx.iter_all_entities():
-                self.index.put(entity)
+        collecting = gc.isenabled()
+        gc.disable()  # millions of long-lived objects: cyclic collections would re-walk them all
+        try:
+            with self._lock, self.store.read() as tx:
+                self._seq = tx.max_seq()
+                self.index = NameIndex()
+                for entity in tx.iter_all_entities():
+                    self.index.put(entity)
+        finally:
+            gc.freeze()  # the index lives as long as the process: keep it out of later collections
+            if collecting:
+                gc.enable()
         logger.info("index built: %d entities, feed at %d", len(self.index), self._seq)
 
     def _catch_up(self, tx: Tx) -> None:
