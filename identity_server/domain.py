@@ -45,22 +45,34 @@ class Rule(enum.IntEnum):
     TYPO = 4
 
 
-@dataclass(frozen=True, slots=True)
 class Name:
     """One display form of an entity. `position` orders names of one kind by when recorded.
 
-    The casefolded form and key are computed once here, since every lookup compares them.
+    The casefolded form and key are computed once here, since every lookup compares them. A
+    plain class with slots rather than a frozen dataclass: start-up builds millions of them, and
+    frozen dataclasses pay for every field set. Treat instances as immutable.
     """
 
-    display: str
-    kind: NameKind
-    position: int
-    folded: str = field(init=False, compare=False)
-    key: str = field(init=False, compare=False)
+    __slots__ = ("display", "folded", "key", "kind", "position")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "folded", fold(self.display))
-        object.__setattr__(self, "key", key(self.display))
+    def __init__(self, display: str, kind: NameKind, position: int) -> None:
+        self.display = display
+        self.kind = kind
+        self.position = position
+        self.folded = fold(display)
+        self.key = key(display)
+
+    def _identity(self) -> tuple[str, NameKind, int]:
+        return (self.display, self.kind, self.position)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Name) and self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
+    def __repr__(self) -> str:
+        return f"Name({self.display!r}, {self.kind!s}, {self.position})"
 
 
 _KIND_ORDER = {NameKind.NAME: 0, NameKind.ALIAS: 1, NameKind.SURFACE: 2}
