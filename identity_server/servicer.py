@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import functools
 import hmac
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -245,8 +246,6 @@ def _lines(first: pb.ImportAuthorityRequest,
 
 
 def _json(detail: dict[str, Any]) -> str:
-    import json
-
     return json.dumps(detail, ensure_ascii=False, sort_keys=True)
 
 

@@ -91,14 +91,22 @@ def to_span(value: list[int] | SpanObject | None) -> Span | None:
     return Span(start, end)
 
 
-def check_unicode(value: str) -> str:
-    """JSON can spell a lone surrogate (`"\\ud800"`), which no UTF-8 store can hold."""
+def first_surrogate(text: str) -> str | None:
+    """The first lone surrogate in text, if any: JSON can spell one (`"\\ud800"`), but no UTF-8
+    store can hold it."""
     try:
-        value.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError as e:
+        return text[e.start]
+    return None
+
+
+def check_unicode(value: str) -> str:
+    surrogate = first_surrogate(value)
+    if surrogate is not None:
         raise ValueError(
-            f"contains a lone surrogate (\\u{ord(value[e.start]):04x}), which is not valid Unicode"
-        ) from None
+            f"contains a lone surrogate (\\u{ord(surrogate):04x}), which is not valid Unicode"
+        )
     return value
 
 

@@ -25,6 +25,7 @@ from ingest.models import (
     RelationshipIn,
     Span,
     SpanError,
+    first_surrogate,
     limits_in_force,
     to_span,
 )
@@ -122,7 +123,7 @@ def relationship_id(paper_id: str, revision: str, content_hash: str, relationshi
 
 def _keep(text: str) -> str:
     """The raw text kept with a reject: capped, and storable (lone surrogates escaped)."""
-    if not _encodable(text):
+    if first_surrogate(text) is not None:
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= RAW_KEEP_CHARS else text[:RAW_KEEP_CHARS] + "…"
 
@@ -213,21 +214,13 @@ def _parse_line(raw: RawLine, vocabulary: Vocabulary, limits: Limits) -> Checked
         if fast is not None:
             return fast
     paper_id = obj.get("paper_id") if isinstance(obj.get("paper_id"), str) else None
-    if paper_id is not None and not _encodable(paper_id):
+    if paper_id is not None and first_surrogate(paper_id) is not None:
         paper_id = None  # the reject is stored without it; its reason says what is wrong
     try:
         envelope = PaperEnvelope.model_validate(obj)
     except ValidationError as e:
         return LineReject(raw.position, _describe(e, "paper"), _keep(prefix), paper_id, content_hash)
     return check_paper(envelope, raw.position, content_hash, vocabulary=vocabulary, limits=limits)
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def check_paper(
