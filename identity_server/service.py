@@ -269,9 +269,9 @@ class IdentityService:
         request_hash = _batch_hash(context_id, mentions) if context_id else None
 
         def work(u: Unit) -> list[ResolveResult | ItemError]:
+            oldest_kept = u.now - self.config.batch_reply_ttl_seconds
             if request_hash is not None:
-                ttl = self.config.batch_reply_ttl_seconds
-                stored = u.tx.batch_reply(request_hash, not_before=u.now - ttl)
+                stored = u.tx.batch_reply(request_hash, not_before=oldest_kept)
                 if stored is not None:
                     return _decode_results(stored)
             results = [
@@ -282,7 +282,7 @@ class IdentityService:
                 u.tx.put_batch_reply(request_hash, _encode_results(results), now=u.now)
                 self._batches_written += 1
                 if self._batches_written % 1000 == 1:
-                    u.tx.purge_batch_replies(before=u.now - self.config.batch_reply_ttl_seconds)
+                    u.tx.purge_batch_replies(before=oldest_kept)
             return results
 
         return self._write(work)
