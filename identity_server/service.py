@@ -3,7 +3,8 @@
 Writes run under the store's write lock (`_write`): the index first catches up with the change
 feed, so a decision always sees every committed change from every server process, and the
 outcome of concurrent calls equals some one-at-a-time order of them. Reads catch up the same way
-without the lock. Within one process, a lock keeps the index consistent between threads.
+without the store's lock. Within one process, a lock serialises the threads that change the
+index; answers that only read it run without that lock, optimistically (`_answer`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -127,6 +129,10 @@ class IdentityService:
         self.index = NameIndex()
         self._seq = 0
         self._lock = threading.RLock()
+        # Odd while a thread changes the index (always under _lock), so a reader that ran
+        # without the lock can tell whether what it read may be torn (see _answer).
+        self._index_version = 0
+        self._settled_marker: int | None = None  # store.commit_marker() the index is current at
         self._waiting: list[_Pending] = []  # resolves queued for the next shared transaction
         self._waiting_lock = threading.Lock()
         self._known_papers: dict[str, set[str]] = {}
@@ -142,7 +148,8 @@ class IdentityService:
         collecting = gc.isenabled()
         gc.disable()  # millions of long-lived objects: cyclic collections would re-walk them all
         try:
-            with self._lock, self.store.read() as tx:
+            with self._lock, self._changing_index(), self.store.read() as tx:
+                self._settled_marker = self.store.commit_marker()
                 self._seq = tx.max_seq()
                 self.index = NameIndex()
                 for entity in tx.iter_all_entities():
@@ -176,8 +183,17 @@ class IdentityService:
             else:
                 self.index.put(entity)
 
+    @contextmanager
+    def _changing_index(self) -> Iterator[None]:
+        """Mark the index as changing for the block (the caller holds _lock; never nested)."""
+        self._index_version += 1
+        try:
+            yield
+        finally:
+            self._index_version += 1
+
     def _write(self, work: Callable[[Unit], T]) -> T:
-        with self._lock:
+        with self._lock, self._changing_index():
             unit: Unit | None = None
             try:
                 with self.store.write() as tx:
@@ -196,16 +212,42 @@ class IdentityService:
 
     def _read(self, work: Callable[[Tx], T]) -> T:
         with self._lock, self.store.read() as tx:
-            self._catch_up(tx)
+            with self._changing_index():
+                self._catch_up(tx)
             return work(tx)
 
+    def _settle(self) -> None:
+        """Bring the index up to the store's last commit (under _lock); no transaction when
+        nothing was committed since the last look, or only this process's own writes were."""
+        marker = self.store.commit_marker()
+        if marker is not None and marker == self._settled_marker:
+            return
+        if self.store.last_seq() != self._seq:
+            with self._changing_index(), self.store.read() as tx:
+                self._catch_up(tx)
+        self._settled_marker = marker
+
     def _answer(self, work: Callable[[], T]) -> T:
-        """Run work on the index once it holds every committed change; no store transaction
-        unless the store says something was committed since the last look."""
+        """Run work, which only reads the index, once the index holds every committed change.
+
+        Optimistic first: when no thread is changing the index and the store reports no commit
+        since the index last caught up, work runs without the lock, and its result stands if the
+        index version did not move meanwhile (a torn read, or one that failed because the index
+        changed under it, is retried). Otherwise, or then, under the lock.
+        """
+        version = self._index_version
+        marker = self._settled_marker
+        if not version & 1 and marker is not None and self.store.commit_marker() == marker:
+            try:
+                result = work()
+            except Exception:
+                if self._index_version == version:
+                    raise
+            else:
+                if self._index_version == version:
+                    return result
         with self._lock:
-            if self.store.may_have_changed():
-                with self.store.read() as tx:
-                    self._catch_up(tx)
+            self._settle()
             return work()
 
     # -- checking input --------------------------------------------------------------------------

@@ -82,7 +82,6 @@ class SqlStore:
         self.is_sqlite = url.startswith("sqlite")
         self._watch: sqlite3.Connection | None = None
         self._watch_lock = threading.Lock()
-        self._watch_version: int | None = None
         try:
             if self.is_sqlite:
                 self.engine: Engine = create_engine(
@@ -102,18 +101,23 @@ class SqlStore:
             self._watch.close()
         self.engine.dispose()
 
-    def may_have_changed(self) -> bool:
-        """False only when nothing was committed since the previous call (then the in-memory
-        index is current without a query). SQLite's `PRAGMA data_version` on a connection that
-        never writes changes whenever any other connection, in any process, commits; elsewhere
-        the answer is always True."""
+    def commit_marker(self) -> int | None:
+        """A value that changes whenever anything is committed, or None when the store cannot
+        tell (then callers must look). SQLite's `PRAGMA data_version`, read on a connection that
+        never writes, changes whenever any other connection, in any process, commits."""
         if self._watch is None:
-            return True
+            return None
         with self._watch_lock:
-            version = int(self._watch.execute("PRAGMA data_version").fetchone()[0])
-            changed = version != self._watch_version
-            self._watch_version = version
-        return changed
+            return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
+
+    def last_seq(self) -> int:
+        """The newest change-feed sequence number: one indexed lookup, no transaction."""
+        if self._watch is not None:
+            with self._watch_lock:
+                row = self._watch.execute("SELECT coalesce(max(seq), 0) FROM changes").fetchone()
+            return int(row[0])
+        with self.read() as tx:
+            return tx.max_seq()
 
     def _open_watch(self) -> sqlite3.Connection | None:
         database = self.engine.url.database
@@ -227,6 +231,11 @@ class _Statements:
         )
         self.changes_after = (
             select(t.changes).where(t.changes.c.seq > bindparam("after")).order_by(t.changes.c.seq)
+        )
+        # Every write transaction asks this first, and nearly always gets nothing back.
+        self.changes_after_raw = (
+            "SELECT seq, kind, entity_id, other_id, detail, recorded_at FROM changes"
+            f" WHERE seq > {':after' if is_sqlite else '%(after)s'} ORDER BY seq"
         )
 
 
@@ -483,11 +492,13 @@ class Tx:
         return int(self.conn.scalar(select(func.coalesce(func.max(t.changes.c.seq), 0))) or 0)
 
     def changes_after(self, seq: int, limit: int | None = None) -> list[ChangeRecord]:
-        q = self._sql.changes_after if not limit else self._sql.changes_after.limit(limit)
+        rows = (
+            self.conn.exec_driver_sql(self._sql.changes_after_raw, {"after": seq})
+            if not limit
+            else self.conn.execute(self._sql.changes_after.limit(limit), {"after": seq})
+        )
         return [
-            ChangeRecord(r.seq, r.kind, r.entity_id, r.other_id, json.loads(r.detail),
-                         r.recorded_at)
-            for r in self.conn.execute(q, {"after": seq})
+            ChangeRecord(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows
         ]
 
     def append_changes(self, records: Sequence[ChangeRecord]) -> None:
