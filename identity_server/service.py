@@ -152,8 +152,7 @@ class IdentityService:
                 self._settled_marker = self.store.commit_marker()
                 self._seq = tx.max_seq()
                 self.index = NameIndex()
-                for entity in tx.iter_all_entities():
-                    self.index.put(entity)
+                self.index.load(tx.iter_all_entities())
         finally:
             gc.freeze()  # the index lives as long as the process: keep it out of later collections
             if collecting:

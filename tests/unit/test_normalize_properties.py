@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import unicodedata
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -218,24 +220,30 @@ def fast_typo(index: NameIndex, k: str) -> set[tuple[str, str]]:
 
 @settings(max_examples=200, deadline=None)
 @given(
+    st.booleans(),
     st.lists(entity_spec, min_size=1, max_size=25),
     st.lists(st.tuples(st.sampled_from(["put", "discard"]), st.integers(0, 24), entity_spec),
              max_size=15),
     st.lists(name_text, min_size=1, max_size=10),
 )
 def test_typo_index_finds_exactly_what_a_scan_finds(
+    bulk_load: bool,
     specs: list[tuple[list[tuple[str, NameKind]], Status]],
     edits: list[tuple[str, int, tuple[list[tuple[str, NameKind]], Status]]],
     queries: list[str],
 ) -> None:
     """Typo lookup through the deletion neighbourhood equals a scan with one_edit_apart,
-    after any sequence of puts, replacements and discards."""
+    after a start-up load (packed variants) or single puts (overlay), then any sequence of
+    puts, replacements and discards."""
     index = NameIndex()
     truth: dict[str, Entity] = {}
     for n, spec in enumerate(specs):
         e = _entity(n, spec)
-        index.put(e)
         truth[e.entity_id] = e
+        if not bulk_load:
+            index.put(e)
+    if bulk_load:
+        index.load(truth.values())
     for op, n, spec in edits:
         if op == "put":
             e = _entity(n, spec)
@@ -265,7 +273,26 @@ def test_typo_index_oracle_on_a_known_case() -> None:
         "e4": Entity("e4", "other", Status.CANONICAL, 4, names=(Name("Tra", NameKind.NAME, 0),)),
     }
     index.put_many(entities.values())
-    assert fast_typo(index, "transfromer") == {("transformer", "e1")}
-    assert fast_typo(index, "transformer") == {("tranformer", "e2")}
-    assert fast_typo(index, "trab") == set()
+    loaded = NameIndex()
+    loaded.load(entities.values())
+    for built in (index, loaded):
+        assert fast_typo(built, "transfromer") == {("transformer", "e1")}
+        assert fast_typo(built, "transformer") == {("tranformer", "e2")}
+        assert fast_typo(built, "trab") == set()
     assert brute_force_typo(entities, "transfromer") == {("transformer", "e1")}
+
+
+def test_a_removed_anchor_stays_gone_after_a_load_and_comes_back_when_re_added() -> None:
+    """Packed entries are never deleted: an anchor that lost its last entity must not be
+    offered, and one filed again must be found once, through the overlay."""
+    index = NameIndex()
+    first = Entity("e1", "other", Status.CANONICAL, 1, names=(Name("Transformer", NameKind.NAME, 0),))
+    index.load([first])
+    assert fast_typo(index, "transfromer") == {("transformer", "e1")}
+    index.discard("e1")
+    assert list(index.typo_neighbours("transfromer")) == []
+    again = Entity("e2", "other", Status.CANONICAL, 2, names=(Name("Transformer", NameKind.NAME, 0),))
+    index.put(again)
+    assert list(index.typo_neighbours("transfromer")) == [("transformer", ("e2",))]
+    with pytest.raises(ValueError, match="empty index"):
+        index.load([first])
