@@ -1,0 +1,120 @@
+"""Reads that run without the service lock (IdentityService._answer) stay right while it writes.
+
+A settled index answers lookups without taking the lock; a read that overlaps a change of the
+index is detected by the index version and answered again under the lock. These tests check both
+halves: quiet reads take no lock at all, and readers racing a writer that keeps adding aliases,
+entities and merges never see an error or a wrong answer.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from identity_server.domain import MatchKind
+from identity_server.server import build_service
+from identity_server.service import IdentityService
+from identity_server.settings import Settings
+
+
+class CountingLock:
+    """An RLock that counts how often it is taken."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.taken = 0
+
+    def __enter__(self) -> CountingLock:
+        self._lock.acquire()
+        self.taken += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[IdentityService]:
+    svc = build_service(Settings(db_url=f"sqlite:///{tmp_path / 'identity.sqlite'}"))
+    report = svc.import_lines([
+        json.dumps({"id": "Q1", "name": "Transformer", "type": "method"}),
+        json.dumps({"id": "Q2", "name": "Graph Network", "type": "method",
+                    "aliases": ["Graph Net"]}),
+    ])
+    assert report.errors == ()
+    yield svc
+    svc.store.close()
+
+
+def _expected(service: IdentityService) -> dict[str, tuple[str, MatchKind]]:
+    """What the stable mentions resolve to, asked once before any race."""
+    answers = {}
+    for mention in ("Transformer", "TRANSFORMER", "Transfromer", "graph-network",
+                    "Graph Netwrok", "graph net"):
+        r = service.resolve(mention, "method", lookup_only=True)
+        answers[mention] = (r.entity_id, r.match_kind)
+    return answers
+
+
+def test_settled_lookups_take_no_lock(service: IdentityService) -> None:
+    expected = _expected(service)
+    assert expected["Transfromer"] == ("Q1", MatchKind.TYPO)
+    assert expected["graph net"] == ("Q2", MatchKind.ALIAS)
+    counting = CountingLock()
+    service._lock = counting  # type: ignore[assignment]
+    for _ in range(50):
+        for mention, answer in expected.items():
+            r = service.resolve(mention, "method", lookup_only=True)
+            assert (r.entity_id, r.match_kind) == answer
+    assert counting.taken == 0
+
+    service.add_alias("Q1", "Attention Model")  # a write: the next read may settle once
+    taken = counting.taken
+    for _ in range(20):
+        assert service.resolve("attention model", "method", lookup_only=True).entity_id == "Q1"
+    assert counting.taken == taken
+
+
+def test_readers_racing_a_writer_always_get_the_settled_answer(service: IdentityService) -> None:
+    expected = _expected(service)
+    stop = threading.Event()
+    failures: list[Any] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            for mention, answer in expected.items():
+                try:
+                    r = service.resolve(mention, "method", lookup_only=True)
+                    got: Any = (r.entity_id, r.match_kind)
+                except Exception as e:  # reported below, with the mention
+                    got = e
+                if got != answer:
+                    failures.append((mention, got, answer))
+
+    def write() -> None:
+        # New anchors sharing deletion variants with the read keys (so the typo table's shared
+        # entries change under the readers), new entities, and merges of those entities.
+        for i in range(150):
+            service.add_alias("Q2", f"Graph Network {i}")
+            service.add_alias("Q1", f"Transformer{chr(0x61 + i % 26)}{i}")
+            made = service.resolve(f"Zorblat Quennix {i}", "method", context_id=f"paper-{i}")
+            if i % 3 == 0:
+                service.merge(made.entity_id, "Q2")
+
+    readers = [threading.Thread(target=read) for _ in range(4)]
+    for t in readers:
+        t.start()
+    try:
+        write()
+    finally:
+        stop.set()
+        for t in readers:
+            t.join(timeout=60)
+    assert not any(t.is_alive() for t in readers)
+    assert failures == []
+    assert _expected(service) == expected
