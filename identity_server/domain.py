@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from identity_server.errors import InvalidArgument
-from identity_server.normalize import WHITE_SPACE, fold, key
+from identity_server.normalize import WHITE_SPACE, fold, key_of_folded
 
 OTHER = "other"
 PROVISIONAL_PREFIX = "prov_"
@@ -60,7 +60,7 @@ class Name:
         self.kind = kind
         self.position = position
         self.folded = fold(display)
-        self.key = key(display)
+        self.key = key_of_folded(self.folded)
 
     def _identity(self) -> tuple[str, NameKind, int]:
         return (self.display, self.kind, self.position)

@@ -53,8 +53,10 @@ def display_form(text: str) -> str:
 
 
 def fold(display: str) -> str:
-    """The casefolded display form that rule 2 compares."""
-    return display.casefold()
+    """The casefolded display form that rule 2 compares (the same object when already folded,
+    so that an index holding both keeps one string)."""
+    folded = display.casefold()
+    return display if folded == display else folded
 
 
 def key(display: str) -> str:
@@ -63,7 +65,11 @@ def key(display: str) -> str:
     "Mem-Castle", "mem castle" and "MemCastle" share the key `memcastle`; "Windows 1.0" keeps its
     dot (`windows1.0`) so that it never equals "Windows 10".
     """
-    folded = display.casefold()
+    return key_of_folded(display.casefold())
+
+
+def key_of_folded(folded: str) -> str:
+    """`key` of a display form already casefolded (the same object when nothing is deleted)."""
     if folded.isalnum():  # the common case: nothing to delete
         return folded
     if _DIGIT.search(folded) is None:  # no digits: no mark can stand between two

@@ -2,11 +2,14 @@
 
 Every anchor key is filed under itself and each string one deletion away from it (about 19
 variants for a typical name). Held as Python strings in a dict, those variants cost ~1.8 KB per
-entity, most of the index. Here the bulk of them lives in one sorted numpy array of 8-byte words,
-`(high bits of hash(variant)) | anchor number`: a lookup hashes its len(k) + 1 probes and finds
-each one's run with a binary search, so its cost still depends on the key's length, not on the
-entity count. A hash collision can only add a false candidate, never hide a true one, and callers
-verify every candidate with `one_edit_apart` anyway.
+entity, most of the index. Here the bulk of them lives in one sorted array of 8-byte words,
+`(high bits of hash(variant)) | anchor number`, with a directory of bucket starts indexed by the
+hash's top bits (about four words a bucket): a lookup hashes its len(k) + 1 probes and reads one
+short bucket for each, so its cost depends on the key's length, not on the entity count (a binary
+search would not do: its cache misses grow with the table). A hash collision can only add a false
+candidate, never hide a true one, and callers verify every candidate with `one_edit_apart`.
+numpy sorts and sizes the table at build time; lookups read it through memoryviews (`.data`), which return
+plain ints faster than numpy scalars for a handful of reads.
 
 Anchors added after the last `rebuild` go to a small exact overlay (a dict keyed by the variant
 strings). Removing an anchor takes it out of the overlay only: entries left in the packed array
@@ -17,11 +20,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 _U64 = (1 << 64) - 1
+_WORDS_PER_BUCKET = 4  # the directory costs 4 bytes per bucket: ~1 byte a variant
+_DIRECTORY_CHUNK = 1 << 20  # bucket starts found this many at a time (bounded scratch memory)
 
 
 def deletion_variants(k: str) -> set[str]:
@@ -35,6 +41,10 @@ class DeletionVariantTable:
     def __init__(self) -> None:
         self._anchors: list[str] = []  # anchor number -> anchor key, for the packed base
         self._packed: npt.NDArray[np.uint64] = np.empty(0, dtype=np.uint64)
+        self._starts: npt.NDArray[Any] = np.zeros(2, dtype=np.uint32)
+        self._words = self._packed.data
+        self._bucket_starts = self._starts.data
+        self._bucket_shift = 63  # bucket of a word: word >> _bucket_shift
         self._number_mask = 0  # low bits of a packed word: the anchor number
         self._overlay: dict[str, str | set[str]] = {}  # variant -> anchor key(s) added since
 
@@ -51,8 +61,22 @@ class DeletionVariantTable:
             )
         packed = np.frombuffer(words, dtype=np.uint64)
         packed.sort()  # in place, on the array's own buffer: no second copy
+        bucket_bits = max(1, min(len(packed) // _WORDS_PER_BUCKET, 1 << 40).bit_length())
+        bucket_bits = min(bucket_bits, 64 - number_bits)  # buckets split the hash bits only
+        shift = 64 - bucket_bits
+        buckets = 1 << bucket_bits
+        starts = np.empty(buckets + 1, dtype=np.uint32 if len(packed) < 1 << 32 else np.uint64)
+        for first in range(0, buckets, _DIRECTORY_CHUNK):
+            last = min(buckets, first + _DIRECTORY_CHUNK)
+            bounds = np.arange(first, last, dtype=np.uint64) << np.uint64(shift)
+            starts[first:last] = np.searchsorted(packed, bounds)
+        starts[buckets] = len(packed)
         self._anchors = listed
         self._packed = packed
+        self._starts = starts
+        self._words = packed.data
+        self._bucket_starts = starts.data
+        self._bucket_shift = shift
         self._number_mask = number_mask
         self._overlay = {}
 
@@ -98,25 +122,22 @@ class DeletionVariantTable:
                         found.add(hit)
                     else:
                         found.update(hit)
-        packed = self._packed
-        if packed.size:
-            number_mask = self._number_mask
+        if self._anchors:
+            words, starts, shift = self._words, self._bucket_starts, self._bucket_shift
+            anchors, number_mask = self._anchors, self._number_mask
             hash_mask = _U64 ^ number_mask
-            first = np.fromiter(
-                [hash(v) & hash_mask for v in probes], dtype=np.uint64, count=len(probes)
-            )
-            starts = np.searchsorted(packed, first, side="left")
-            ends = np.searchsorted(packed, first | np.uint64(number_mask), side="right")
-            anchors = self._anchors
-            for start, end in zip(starts.tolist(), ends.tolist()):
-                if start != end:
-                    for word in packed[start:end].tolist():
+            for variant in probes:
+                hashed = hash(variant) & hash_mask
+                bucket = hashed >> shift
+                for i in range(starts[bucket], starts[bucket + 1]):
+                    word = words[i]
+                    if word & hash_mask == hashed:
                         found.add(anchors[word & number_mask])
         return found
 
     def packed_bytes(self) -> int:
         """Memory held by the packed base (the array and the anchor list's slots)."""
-        return int(self._packed.nbytes) + 8 * len(self._anchors)
+        return int(self._packed.nbytes + self._starts.nbytes) + 8 * len(self._anchors)
 
 
 __all__ = ["DeletionVariantTable", "deletion_variants"]

@@ -288,8 +288,10 @@ class Tx:
             f"WHERE kind <> 'retired' ORDER BY {order}", batch, "load_names")
         kinds = {k.value: k for k in NameKind}
         statuses = {st.value: st for st in Status}
+        types: dict[str, str] = {}  # one string per type, not one per entity
         pending = next(name_rows, None)
         for eid, ordinal, entity_type, status_text, placeholder, redirect_to in entity_rows:
+            entity_type = types.setdefault(entity_type, entity_type)
             found: list[Name] = []
             while pending is not None and pending[0] < eid:
                 pending = next(name_rows, None)
