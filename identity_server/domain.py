@@ -48,19 +48,23 @@ class Rule(enum.IntEnum):
 class Name:
     """One display form of an entity. `position` orders names of one kind by when recorded.
 
-    The casefolded form and key are computed once here, since every lookup compares them. A
-    plain class with slots rather than a frozen dataclass: start-up builds millions of them, and
+    The key is computed once here, since every lookup compares keys. A plain class with slots rather than a frozen dataclass: start-up builds millions of them, and
     frozen dataclasses pay for every field set. Treat instances as immutable.
     """
 
-    __slots__ = ("display", "folded", "key", "kind", "position")
+    __slots__ = ("display", "key", "kind", "position")
 
     def __init__(self, display: str, kind: NameKind, position: int) -> None:
         self.display = display
         self.kind = kind
         self.position = position
-        self.folded = fold(display)
-        self.key = key_of_folded(self.folded)
+        self.key = key_of_folded(fold(display))
+
+    @property
+    def folded(self) -> str:
+        """Computed when asked (only rule 2 asks, of a mention's few same-key candidates):
+        keeping it would cost a string per name, a tenth of the index."""
+        return fold(self.display)
 
     def _identity(self) -> tuple[str, NameKind, int]:
         return (self.display, self.kind, self.position)

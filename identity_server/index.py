@@ -54,14 +54,18 @@ def _remove(table: MultiMap, k: str, value: str) -> None:
 
 
 class NameIndex:
-    """Every entity and its names, indexed for the four rules. Not thread-safe by itself."""
+    """Every entity and its names, indexed for the four rules. Not thread-safe by itself.
+
+    One table serves rules 1 to 3: names with equal display forms, or equal casefolded forms,
+    have equal keys, so the entities holding a key are a superset of those matching at any of the
+    three rules, and the rules pick the names that match from each candidate's own names. One
+    table instead of three saves a third of the index's memory at no cost in lookups (the key
+    bucket of a mention is almost always the handful of entities it is about).
+    """
 
     def __init__(self) -> None:
         self._entities: dict[str, Entity] = {}
-        self._by_display: MultiMap = {}
-        self._by_fold: MultiMap = {}
-        self._by_key: MultiMap = {}
-        self._anchor_ids: MultiMap = {}  # anchor key -> entity ids whose name or alias has it
+        self._by_key: MultiMap = {}  # key of any name, alias or surface form -> entity ids
         self._variants = DeletionVariantTable()  # deletion variant -> anchor keys
         self._max_ordinal = 0
         self._bulk_loading = False  # load() files typo variants once, at the end
@@ -90,27 +94,24 @@ class NameIndex:
             hops += 1
         return entity
 
-    def with_display(self, display: str) -> Collection[str]:
-        return _values(self._by_display, display)
-
-    def with_fold(self, folded: str) -> Collection[str]:
-        return _values(self._by_fold, folded)
-
     def with_key(self, k: str) -> Collection[str]:
+        """Ids of the live entities with a name, alias or surface form whose key is k."""
         return _values(self._by_key, k)
 
     def typo_neighbours(self, k: str) -> Iterator[tuple[str, Collection[str]]]:
         """(anchor key, entity ids) for anchor keys sharing a deletion variant with k.
 
-        A superset of the keys one edit away: the caller verifies each with `one_edit_apart`.
+        Supersets both ways: the caller verifies each key with `one_edit_apart`, and each entity
+        for a name or alias (not a surface form) with that key, since an anchor key stays filed
+        after its last name or alias is gone.
         """
         if len(k) < MIN_TYPO_KEY:
             return
-        anchor_ids = self._anchor_ids
+        by_key = self._by_key
         for anchor in self._variants.anchors_near(k):
             if anchor != k:
-                ids = _values(anchor_ids, anchor)
-                if ids:  # an anchor no entity holds any more is a stale packed entry
+                ids = _values(by_key, anchor)
+                if ids:
                     yield anchor, ids
 
     # -- writing -------------------------------------------------------------------------------
@@ -142,7 +143,11 @@ class NameIndex:
             self.put_many(entities)
         finally:
             self._bulk_loading = False
-        self._variants.rebuild(self._anchor_ids.keys())
+        anchors = {
+            n.key for e in self._entities.values() if e.status is not Status.MERGED
+            for n in e.names if _is_anchor(n)
+        }
+        self._variants.rebuild(anchors)
 
     def discard(self, entity_id: str) -> None:
         old = self._entities.pop(entity_id, None)
@@ -152,39 +157,29 @@ class NameIndex:
     def _reindex(self, eid: str, before: tuple[Name, ...], after: tuple[Name, ...]) -> None:
         """Move eid's entries from the names `before` to the names `after`.
 
-        Compared as sets of values per table, so a value that two names share (a name and an
-        alias with one key) stays indexed while either remains.
+        Compared as sets of keys, so a key that two names share (a name and an alias differing
+        in case) stays indexed while either remains.
         """
         if before == after:
             return
-        for table, attr in ((self._by_display, "display"), (self._by_fold, "folded"),
-                            (self._by_key, "key")):
-            old = {getattr(n, attr) for n in before}
-            new = {getattr(n, attr) for n in after}
-            for value in old - new:
-                _remove(table, value, eid)
-            for value in new - old:
-                _add(table, value, eid)
-        old_anchors = {n.key for n in before if _is_anchor(n)}
-        new_anchors = {n.key for n in after if _is_anchor(n)}
-        for k in old_anchors - new_anchors:
-            _remove(self._anchor_ids, k, eid)
-            if k not in self._anchor_ids:
-                self._variants.remove(k)
-        for k in new_anchors - old_anchors:
-            if k not in self._anchor_ids:
-                self._variants.add(k)
-            _add(self._anchor_ids, k, eid)
+        old = {n.key for n in before}
+        new = {n.key for n in after}
+        for k in old - new:
+            _remove(self._by_key, k, eid)
+        for k in new - old:
+            _add(self._by_key, k, eid)
+        self._file_anchors(after)
 
     def _index_new(self, eid: str, names: tuple[Name, ...]) -> None:
         for n in names:
-            _add(self._by_display, n.display, eid)
-            _add(self._by_fold, n.folded, eid)
             _add(self._by_key, n.key, eid)
-            if _is_anchor(n):
-                if n.key not in self._anchor_ids and not self._bulk_loading:
-                    self._variants.add(n.key)
-                _add(self._anchor_ids, n.key, eid)
+        if not self._bulk_loading:
+            self._file_anchors(names)
+
+    def _file_anchors(self, names: tuple[Name, ...]) -> None:
+        for n in names:
+            if _is_anchor(n) and not self._variants.holds(n.key):
+                self._variants.add(n.key)
 
 
 def _is_anchor(n: Name) -> bool:

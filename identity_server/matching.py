@@ -36,11 +36,10 @@ class Outcome(enum.Enum):
 
 
 class IndexView(Protocol):
-    """What the rules need from an index: lookups by display form, fold, key and typo variants."""
+    """What the rules need from an index: lookups by key (which serve rules 1 to 3: equal
+    display forms and equal casefolded forms have equal keys) and by typo variants."""
 
     def get(self, entity_id: str) -> Entity | None: ...
-    def with_display(self, display: str) -> Collection[str]: ...
-    def with_fold(self, folded: str) -> Collection[str]: ...
     def with_key(self, k: str) -> Collection[str]: ...
     def typo_neighbours(self, k: str) -> Iterable[tuple[str, Collection[str]]]: ...
 
@@ -96,21 +95,20 @@ def decide(index: IndexView, display: str, mention_type: str) -> Decision:
     """Apply rules 1-4 in order; the first rule with a compatible candidate decides."""
     folded = fold(display)
     k = key(display)
+    same_key = index.with_key(k)  # every entity rules 1 to 3 can match is among these
 
     found = _candidates(
-        index, index.with_display(display), mention_type,
-        lambda e: [n for n in e.names if n.display == display],
+        index, same_key, mention_type, lambda e: [n for n in e.names if n.display == display]
     )
     if found:
         return _decided(Rule.EXACT, found, mention_type)
     found = _candidates(
-        index, index.with_fold(folded), mention_type,
-        lambda e: [n for n in e.names if n.folded == folded],
+        index, same_key, mention_type, lambda e: [n for n in e.names if n.folded == folded]
     )
     if found:
         return _decided(Rule.CASE, found, mention_type)
     found = _candidates(
-        index, index.with_key(k), mention_type, lambda e: [n for n in e.names if n.key == k]
+        index, same_key, mention_type, lambda e: [n for n in e.names if n.key == k]
     )
     if found:
         if len(k) >= MIN_PUNCTUATION_KEY:

@@ -12,8 +12,9 @@ numpy sorts and sizes the table at build time; lookups read it through memoryvie
 plain ints faster than numpy scalars for a handful of reads.
 
 Anchors added after the last `rebuild` go to a small exact overlay (a dict keyed by the variant
-strings). Removing an anchor takes it out of the overlay only: entries left in the packed array
-are stale, and callers skip anchors that no longer have any entity.
+strings). Nothing is ever removed: an anchor key whose last name or alias is gone stays filed
+(callers check each candidate's names anyway), so the overlay grows only with the distinct anchor
+keys a process files after start-up, and the next start-up packs everything afresh.
 """
 
 from __future__ import annotations
@@ -94,20 +95,22 @@ class DeletionVariantTable:
             else:
                 found.add(k)
 
-    def remove(self, k: str) -> None:
-        """Forget an anchor key's overlay entries (packed entries go stale; see the module doc)."""
-        overlay = self._overlay
-        for variant in deletion_variants(k):
-            found = overlay.get(variant)
-            if found is None:
-                continue
-            if isinstance(found, str):
-                if found == k:
-                    del overlay[variant]
-            else:
-                found.discard(k)
-                if len(found) == 1:
-                    overlay[variant] = next(iter(found))
+    def holds(self, k: str) -> bool:
+        """Whether anchor key k is filed (each key is filed under itself, so one probe tells)."""
+        hit = self._overlay.get(k)
+        if hit is not None and (hit == k if isinstance(hit, str) else k in hit):
+            return True
+        if self._anchors:
+            number_mask = self._number_mask
+            hash_mask = _U64 ^ number_mask
+            hashed = hash(k) & hash_mask
+            bucket = hashed >> self._bucket_shift
+            words, anchors = self._words, self._anchors
+            for i in range(self._bucket_starts[bucket], self._bucket_starts[bucket + 1]):
+                word = words[i]
+                if word & hash_mask == hashed and anchors[word & number_mask] == k:
+                    return True
+        return False
 
     def anchors_near(self, k: str) -> set[str]:
         """Anchor keys sharing a deletion variant with k, plus rare hash-collision extras."""

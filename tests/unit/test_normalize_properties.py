@@ -209,13 +209,20 @@ def brute_force_typo(entities: dict[str, Entity], k: str) -> set[tuple[str, str]
 
 
 def fast_typo(index: NameIndex, k: str) -> set[tuple[str, str]]:
-    """What matching does with the index: neighbours, verified with one_edit_apart."""
+    """What matching does with the index: neighbours, each key verified with one_edit_apart and
+    each entity for a name or alias (not a surface form) with that key."""
     return {
         (anchor, eid)
         for anchor, ids in index.typo_neighbours(k)
         if min(len(anchor), len(k)) >= 4 and one_edit_apart(k, anchor)
         for eid in ids
+        if any(n.key == anchor and n.kind is not NameKind.SURFACE for n in _names(index, eid))
     }
+
+
+def _names(index: NameIndex, eid: str) -> tuple[Name, ...]:
+    entity = index.get(eid)
+    return entity.names if entity is not None else ()
 
 
 @settings(max_examples=200, deadline=None)
