@@ -143,11 +143,7 @@ class NameIndex:
             self.put_many(entities)
         finally:
             self._bulk_loading = False
-        anchors = {
-            n.key for e in self._entities.values() if e.status is not Status.MERGED
-            for n in e.names if _is_anchor(n)
-        }
-        self._variants.rebuild(anchors)
+        self._variants.rebuild(k for k, ids in self._by_key.items() if self._is_anchor_key(k, ids))
 
     def discard(self, entity_id: str) -> None:
         old = self._entities.pop(entity_id, None)
@@ -175,6 +171,16 @@ class NameIndex:
             _add(self._by_key, n.key, eid)
         if not self._bulk_loading:
             self._file_anchors(names)
+
+    def _is_anchor_key(self, k: str, ids: str | set[str]) -> bool:
+        """Whether some entity holding key k holds it as a name or alias (k long enough)."""
+        if len(k) < MIN_TYPO_KEY:
+            return False
+        for eid in (ids,) if isinstance(ids, str) else ids:
+            for n in self._entities[eid].names:
+                if n.key == k and n.kind is not NameKind.SURFACE:
+                    return True
+        return False
 
     def _file_anchors(self, names: tuple[Name, ...]) -> None:
         for n in names:

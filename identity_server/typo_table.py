@@ -19,7 +19,6 @@ keys a process files after start-up, and the next start-up packs everything afre
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +28,7 @@ import numpy.typing as npt
 _U64 = (1 << 64) - 1
 _WORDS_PER_BUCKET = 4  # the directory costs 4 bytes per bucket: ~1 byte a variant
 _DIRECTORY_CHUNK = 1 << 20  # bucket starts found this many at a time (bounded scratch memory)
+_BUILD_CHUNK = 1 << 16  # anchors hashed per slice of the packed array
 
 
 def deletion_variants(k: str) -> set[str]:
@@ -55,13 +55,18 @@ class DeletionVariantTable:
         number_bits = max(1, len(listed).bit_length())
         number_mask = (1 << number_bits) - 1
         hash_mask = _U64 ^ number_mask
-        words = array("Q")
-        for number, k in enumerate(listed):
-            words.extend(
-                [(hash(k[:i] + k[i + 1 :]) & hash_mask) | number for i in range(len(k) + 1)]
-            )
-        packed = np.frombuffer(words, dtype=np.uint64)
-        packed.sort()  # in place, on the array's own buffer: no second copy
+        # Sized first and filled a slice at a time: no growing buffer copied at twice its size.
+        packed = np.empty(sum(map(len, listed)) + len(listed), dtype=np.uint64)
+        filled = 0
+        for first in range(0, len(listed), _BUILD_CHUNK):
+            words = [
+                (hash(k[:i] + k[i + 1 :]) & hash_mask) | number
+                for number, k in enumerate(listed[first : first + _BUILD_CHUNK], first)
+                for i in range(len(k) + 1)
+            ]
+            packed[filled : filled + len(words)] = words
+            filled += len(words)
+        packed.sort()
         bucket_bits = max(1, min(len(packed) // _WORDS_PER_BUCKET, 1 << 40).bit_length())
         bucket_bits = min(bucket_bits, 64 - number_bits)  # buckets split the hash bits only
         shift = 64 - bucket_bits
