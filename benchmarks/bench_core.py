@@ -109,6 +109,8 @@ def measure(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int)
                     decide(index, d, ty)
                     typo_ns.append(time.perf_counter_ns() - a)
     typo_us = median([x / 1000 for x in typo_ns])
+    # The server's own high-water mark: the rapidfuzz baseline below loads every key again.
+    server_peak_rss = proc_status().get("VmHWM", 0)
 
     scan_us = float("nan")
     if scan_queries:
@@ -130,6 +132,7 @@ def measure(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int)
     return {
         "n": n, "fit": True, "build_s": build_s, "index_bytes": index_bytes,
         "bytes_per_entity": index_bytes / n, "peak_rss": proc_status().get("VmHWM", 0),
+        "server_peak_rss": server_peak_rss,
         "rates": rates, "kinds_seen": kinds_seen, "typo_us": typo_us,
         "typo_p99_us": sorted(typo_ns)[int(0.99 * (len(typo_ns) - 1))] / 1000 if typo_ns else 0,
         "scan_us": scan_us, "scan_queries": scan_queries, "per_kind": per_kind,
@@ -171,8 +174,9 @@ def rows(points: list[dict[str, Any]], *, at: int, point_10m: dict[str, Any] | N
         speedup >= 1000))
     per_entity = main["bytes_per_entity"]
     if point_10m is not None and point_10m.get("fit"):
-        whole = point_10m["peak_rss"]
-        figure = f"{fmt_bytes(per_entity)}/entity; 10M peak RSS {fmt_bytes(whole)}"
+        whole = point_10m.get("server_peak_rss", point_10m["peak_rss"])
+        figure = (f"{fmt_bytes(per_entity)}/entity; 10M peak RSS {fmt_bytes(whole)} "
+                  "(built and resolving, before the scan baseline)")
     elif point_10m is not None:
         whole = float("inf")
         figure = (f"{fmt_bytes(per_entity)}/entity; 10M did not fit "
