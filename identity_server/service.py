@@ -196,11 +196,13 @@ class IdentityService:
             unit: Unit | None = None
             try:
                 with self.store.write() as tx:
-                    self._catch_up(tx)
+                    if not self._settled():
+                        self._catch_up(tx)
                     unit = Unit(tx, self.index, self._seq)
                     result = work(unit)
                     unit.flush()
                 self._seq = unit.seq
+                self._settle_after_own_commit()
                 return result
             except BaseException:
                 if unit is not None and unit.touched:
@@ -226,6 +228,19 @@ class IdentityService:
                 self._catch_up(tx)
         self._settled_marker = marker
 
+    def _settled(self) -> bool:
+        """Whether the store reports no commit since the index was last known current."""
+        marker = self._settled_marker
+        return marker is not None and self.store.commit_marker() == marker
+
+    def _settle_after_own_commit(self) -> None:
+        """Mark the index settled at the commit just made when no other process committed
+        since, so the next lock-free read need not take the lock to find that out. The marker is
+        read first: a commit after it moves the marker, so a stale pair is only ever too old."""
+        marker = self.store.commit_marker()
+        if marker is not None and self.store.last_seq() == self._seq:
+            self._settled_marker = marker
+
     def _answer(self, work: Callable[[], T]) -> T:
         """Run work, which only reads the index, once the index holds every committed change.
 
@@ -235,8 +250,7 @@ class IdentityService:
         changed under it, is retried). Otherwise, or then, under the lock.
         """
         version = self._index_version
-        marker = self._settled_marker
-        if not version & 1 and marker is not None and self.store.commit_marker() == marker:
+        if not version & 1 and self._settled():
             try:
                 result = work()
             except Exception:

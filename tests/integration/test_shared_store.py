@@ -39,6 +39,22 @@ def test_a_creation_elsewhere_is_seen_by_lookups_and_repeat_resolves(
     assert b.resolve("grace hopper", "person").entity_id == created
 
 
+def test_a_write_here_first_replays_what_was_committed_elsewhere(
+    pair: tuple[IdentityService, IdentityService],
+) -> None:
+    """A writing resolve (with a context) goes straight to a write transaction: it must catch up
+    with the other process's commit there, not trust the index it last settled."""
+    a, b = pair
+    assert b.resolve("Ada Lovelace", "person", context_id="paper-0").created
+    created = a.resolve("Grace Hopper", "person", context_id="paper-1").entity_id
+    again = b.resolve("Grace Hopper", "person", context_id="paper-2")
+    assert (again.entity_id, again.created, again.match_kind) == (created, False, MatchKind.EXACT)
+    x = b.resolve("Analytical Engine", "tool", context_id="paper-3").entity_id
+    y = a.resolve("Difference Engine", "tool", context_id="paper-4").entity_id
+    a.merge(y, x)
+    assert b.resolve("Difference Engine", "tool", context_id="paper-5").entity_id == x
+
+
 def test_a_merge_elsewhere_redirects_at_once(pair: tuple[IdentityService, IdentityService]) -> None:
     a, b = pair
     x = b.resolve("Analytical Engine", "tool").entity_id
