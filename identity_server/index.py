@@ -1,4 +1,4 @@
-"""The in-memory name index: exact, casefolded, key and typo-neighbourhood lookups.
+"""The in-memory name index: lookups by key (rules 1 to 3) and by typo neighbourhood (rule 4).
 
 Typo candidates come from a deletion neighbourhood (the SymSpell idea at distance 1): every
 anchor key (the key of an entity's name or alias, 4+ characters) is filed under itself and under
@@ -13,44 +13,10 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator
 
 from identity_server.domain import Entity, Name, NameKind, Status
+from identity_server.multimap import MultiMap, add, remove, values
 from identity_server.typo_table import DeletionVariantTable, deletion_variants
 
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
-
-# The tables map a string to one value or, rarely, to several: a plain str for the common single
-# value saves a set per entry, which halves the index's memory and build time.
-MultiMap = dict[str, "str | set[str]"]
-
-
-def _values(table: MultiMap, k: str) -> tuple[str, ...] | set[str]:
-    found = table.get(k)
-    if found is None:
-        return ()
-    return (found,) if isinstance(found, str) else found
-
-
-def _add(table: MultiMap, k: str, value: str) -> None:
-    found = table.get(k)
-    if found is None:
-        table[k] = value
-    elif isinstance(found, str):
-        if found != value:
-            table[k] = {found, value}
-    else:
-        found.add(value)
-
-
-def _remove(table: MultiMap, k: str, value: str) -> None:
-    found = table.get(k)
-    if found is None:
-        return
-    if isinstance(found, str):
-        if found == value:
-            del table[k]
-        return
-    found.discard(value)
-    if len(found) == 1:
-        table[k] = next(iter(found))
 
 
 class NameIndex:
@@ -96,7 +62,7 @@ class NameIndex:
 
     def with_key(self, k: str) -> Collection[str]:
         """Ids of the live entities with a name, alias or surface form whose key is k."""
-        return _values(self._by_key, k)
+        return values(self._by_key, k)
 
     def typo_neighbours(self, k: str) -> Iterator[tuple[str, Collection[str]]]:
         """(anchor key, entity ids) for anchor keys sharing a deletion variant with k.
@@ -110,7 +76,7 @@ class NameIndex:
         by_key = self._by_key
         for anchor in self._variants.anchors_near(k):
             if anchor != k:
-                ids = _values(by_key, anchor)
+                ids = values(by_key, anchor)
                 if ids:
                     yield anchor, ids
 
@@ -161,14 +127,14 @@ class NameIndex:
         old = {n.key for n in before}
         new = {n.key for n in after}
         for k in old - new:
-            _remove(self._by_key, k, eid)
+            remove(self._by_key, k, eid)
         for k in new - old:
-            _add(self._by_key, k, eid)
+            add(self._by_key, k, eid)
         self._file_anchors(after)
 
     def _index_new(self, eid: str, names: tuple[Name, ...]) -> None:
         for n in names:
-            _add(self._by_key, n.key, eid)
+            add(self._by_key, n.key, eid)
         if not self._bulk_loading:
             self._file_anchors(names)
 

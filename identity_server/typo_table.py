@@ -25,6 +25,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from identity_server import multimap
+from identity_server.multimap import MultiMap
+
 _U64 = (1 << 64) - 1
 _WORDS_PER_BUCKET = 4  # the directory costs 4 bytes per bucket: ~1 byte a variant
 _DIRECTORY_CHUNK = 1 << 20  # bucket starts found this many at a time (bounded scratch memory)
@@ -47,7 +50,7 @@ class DeletionVariantTable:
         self._bucket_starts = self._starts.data
         self._bucket_shift = 63  # bucket of a word: word >> _bucket_shift
         self._number_mask = 0  # low bits of a packed word: the anchor number
-        self._overlay: dict[str, str | set[str]] = {}  # variant -> anchor key(s) added since
+        self._overlay: MultiMap = {}  # variant -> anchor key(s) added since
 
     def rebuild(self, anchors: Iterable[str]) -> None:
         """Pack every variant of `anchors` (distinct keys) into the base; clear the overlay."""
@@ -88,22 +91,12 @@ class DeletionVariantTable:
 
     def add(self, k: str) -> None:
         """File a new anchor key under its variants (in the overlay)."""
-        overlay = self._overlay
         for i in range(len(k) + 1):
-            variant = k[:i] + k[i + 1 :]
-            found = overlay.get(variant)
-            if found is None:
-                overlay[variant] = k
-            elif isinstance(found, str):
-                if found != k:
-                    overlay[variant] = {found, k}
-            else:
-                found.add(k)
+            multimap.add(self._overlay, k[:i] + k[i + 1 :], k)
 
     def holds(self, k: str) -> bool:
         """Whether anchor key k is filed (each key is filed under itself, so one probe tells)."""
-        hit = self._overlay.get(k)
-        if hit is not None and (hit == k if isinstance(hit, str) else k in hit):
+        if k in multimap.values(self._overlay, k):
             return True
         if self._anchors:
             number_mask = self._number_mask
@@ -124,12 +117,7 @@ class DeletionVariantTable:
         overlay = self._overlay
         if overlay:
             for variant in probes:
-                hit = overlay.get(variant)
-                if hit is not None:
-                    if isinstance(hit, str):
-                        found.add(hit)
-                    else:
-                        found.update(hit)
+                found.update(multimap.values(overlay, variant))
         if self._anchors:
             words, starts, shift = self._words, self._bucket_starts, self._bucket_shift
             anchors, number_mask = self._anchors, self._number_mask
