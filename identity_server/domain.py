@@ -48,8 +48,9 @@ class Rule(enum.IntEnum):
 class Name:
     """One display form of an entity. `position` orders names of one kind by when recorded.
 
-    The key is computed once here, since every lookup compares keys. A plain class with slots rather than a frozen dataclass: start-up builds millions of them, and
-    frozen dataclasses pay for every field set. Treat instances as immutable.
+    The key is computed once here, since every lookup compares keys. A plain class with slots
+    rather than a frozen dataclass: start-up builds millions of them, and frozen dataclasses pay
+    for every field set. Treat instances as immutable.
     """
 
     __slots__ = ("display", "key", "kind", "position")

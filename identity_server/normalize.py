@@ -54,7 +54,7 @@ def display_form(text: str) -> str:
 
 def fold(display: str) -> str:
     """The casefolded display form that rule 2 compares (the same object when already folded,
-    so that an index holding both keeps one string)."""
+    so that a name already in lower case and its key can be one string)."""
     folded = display.casefold()
     return display if folded == display else folded
 

@@ -70,7 +70,7 @@ class DeletionVariantTable:
             packed[filled : filled + len(words)] = words
             filled += len(words)
         packed.sort()
-        bucket_bits = max(1, min(len(packed) // _WORDS_PER_BUCKET, 1 << 40).bit_length())
+        bucket_bits = max(1, (len(packed) // _WORDS_PER_BUCKET).bit_length())
         bucket_bits = min(bucket_bits, 64 - number_bits)  # buckets split the hash bits only
         shift = 64 - bucket_bits
         buckets = 1 << bucket_bits
