@@ -232,6 +232,12 @@ class _Statements:
         self.changes_after = (
             select(t.changes).where(t.changes.c.seq > bindparam("after")).order_by(t.changes.c.seq)
         )
+        # Every batch with a context asks this first, and nearly always gets nothing back.
+        self.batch_reply = (
+            "SELECT reply FROM batch_replies WHERE request_hash = "
+            + (":request_hash AND created_at >= :not_before" if is_sqlite
+               else "%(request_hash)s AND created_at >= %(not_before)s")
+        )
         # Every write transaction asks this first, and nearly always gets nothing back.
         self.changes_after_raw = (
             "SELECT seq, kind, entity_id, other_id, detail, recorded_at FROM changes"
@@ -523,12 +529,10 @@ class Tx:
     # -- idempotent batch replies ----------------------------------------------------------------
 
     def batch_reply(self, request_hash: str, *, not_before: float) -> str | None:
-        return self.conn.scalar(
-            select(t.batch_replies.c.reply).where(
-                t.batch_replies.c.request_hash == request_hash,
-                t.batch_replies.c.created_at >= not_before,
-            )
-        )
+        reply: str | None = self.conn.exec_driver_sql(
+            self._sql.batch_reply, {"request_hash": request_hash, "not_before": not_before}
+        ).scalar()
+        return reply
 
     def put_batch_reply(self, request_hash: str, reply: str, *, now: float) -> None:
         self.conn.execute(

@@ -132,3 +132,27 @@ def test_concurrent_resolves_in_one_service_share_transactions_correctly(
         assert (entity.evidence_count, entity.paper_count) == (16, 16)
     created = [c for c in a.list_changes(0) if c.kind == "created"]
     assert len(created) == len(names)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_repeated_batch_gets_the_stored_reply_on_either_store(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The stored-reply lookup is plain SQL per dialect: on both stores a repeated batch (same
+    context, same mentions) gets the first reply and writes nothing; a changed one is resolved."""
+    if backend == "postgres":
+        request.applymarker(pytest.mark.postgres)
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = f"sqlite:///{tmp_path / 'replies.sqlite'}"
+    service = build_service(Settings(db_url=url))
+    try:
+        mentions = [("Grace Hopper", "person"), ("COBOL", "tool"), ("grace hopper", "person")]
+        first = service.resolve_batch("paper-1", mentions)
+        feed = service.list_changes(0)
+        assert service.resolve_batch("paper-1", mentions) == first
+        assert service.list_changes(0) == feed
+        other = service.resolve_batch("paper-1", mentions[:2])
+        assert [r.entity_id for r in other] == [r.entity_id for r in first[:2]]
+    finally:
+        service.store.close()
