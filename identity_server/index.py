@@ -140,13 +140,13 @@ class NameIndex:
 
     def _is_anchor_key(self, k: str, ids: str | set[str]) -> bool:
         """Whether some entity holding key k holds it as a name or alias (k long enough)."""
-        if len(k) < MIN_TYPO_KEY:
+        if len(k) < MIN_TYPO_KEY:  # no entity lookups for the many short keys
             return False
-        for eid in (ids,) if isinstance(ids, str) else ids:
-            for n in self._entities[eid].names:
-                if n.key == k and n.kind is not NameKind.SURFACE:
-                    return True
-        return False
+        return any(
+            n.key == k and _is_anchor(n)
+            for eid in ((ids,) if isinstance(ids, str) else ids)
+            for n in self._entities[eid].names
+        )
 
     def _file_anchors(self, names: tuple[Name, ...]) -> None:
         for n in names:
