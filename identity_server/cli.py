@@ -103,7 +103,7 @@ def _import(args: argparse.Namespace) -> int:
         ) as bar:
             report = service.import_lines(f, args.format, progress=bar.update)
     finally:
-        service.store.close()
+        service.close()
     for e in report.errors:
         print(f"{args.file}:{e.line}: {e.message}", file=sys.stderr)
     print(

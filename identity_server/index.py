@@ -5,7 +5,8 @@ anchor key (the key of an entity's name or alias, 4+ characters) is filed under 
 each string made by deleting one of its characters. Two keys within one insertion, deletion,
 substitution or adjacent swap share at least one such variant, so a lookup probes len(key) + 1
 variants and never scans the names: its cost depends on the key's length, not the entity count.
-The variants live in `typo_table.DeletionVariantTable`, packed at start-up (`load`).
+The variants live in `typo_table.DeletionVariantTable`, packed at start-up (`load`) and again,
+in the background, once enough anchors have been filed since (`pack_typo_overlay`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from collections.abc import Collection, Iterable, Iterator
 
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.multimap import MultiMap, add, remove, values
-from identity_server.typo_table import DeletionVariantTable, deletion_variants
+from identity_server.typo_table import DeletionVariantTable, OverlayPack, deletion_variants
 
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
+# A typo pack is due when the overlay holds this share of the packed anchors (and the service's
+# floor): an overlay anchor costs ~10x a packed one, a pack costs a pass over the packed array.
+_PACK_SHARE = 32
 
 
 class NameIndex:
@@ -110,6 +114,34 @@ class NameIndex:
         finally:
             self._bulk_loading = False
         self._variants.rebuild(k for k, ids in self._by_key.items() if self._is_anchor_key(k, ids))
+
+    def typo_anchors(self) -> tuple[int, int]:
+        """Typo anchors filed (packed, waiting in the overlay for the next pack)."""
+        return self._variants.packed_anchors, self._variants.overlay_anchors
+
+    def typo_pack_due(self, at_least: int) -> bool:
+        """Whether enough anchors filed since start-up wait in the typo overlay to pack them."""
+        table = self._variants
+        return table.overlay_anchors >= max(at_least, table.packed_anchors // _PACK_SHARE, 1)
+
+    def begin_typo_pack(self) -> OverlayPack:
+        """Set the typo overlay aside for a pack (the caller excludes writers; quick). Build the
+        pack with `OverlayPack`'s table (`build_typo_pack`), without the lock, then install it."""
+        return self._variants.begin_pack()
+
+    @staticmethod
+    def build_typo_pack(pack: OverlayPack) -> None:
+        """The slow part of a pack: safe beside readers and writers."""
+        DeletionVariantTable.pack(pack)
+
+    def install_typo_pack(self, pack: OverlayPack) -> bool:
+        """Swap in a built pack (the caller excludes writers; quick); False when it came too
+        late. Free the set-aside overlay afterwards, off the lock: `pack.release()`."""
+        return self._variants.install(pack)
+
+    def abandon_typo_pack(self, pack: OverlayPack) -> None:
+        """Put a failed pack's anchors back in the overlay (the caller excludes writers)."""
+        self._variants.abandon(pack)
 
     def discard(self, entity_id: str) -> None:
         old = self._entities.pop(entity_id, None)

@@ -60,7 +60,7 @@ class RunningServer:
     def stop(self, grace: float | None = 5.0) -> None:
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
-        self.service.store.close()
+        self.service.close()
         logger.info("server on port %d stopped", self.port)
 
     def wait(self) -> None:

@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -118,6 +119,9 @@ class ServiceConfig:
     max_batch_size: int = 5000
     promote_after_papers: int = 0
     batch_reply_ttl_seconds: int = 7 * 24 * 3600
+    # Typo anchors filed since start-up (new entities' names, added aliases) that start a
+    # background pack of the typo table's overlay (and at least 1/32 of the packed ones).
+    typo_pack_at: int = 50_000
 
 
 class IdentityService:
@@ -137,6 +141,8 @@ class IdentityService:
         self._waiting_lock = threading.Lock()
         self._known_papers: dict[str, set[str]] = {}
         self._batches_written = 0
+        self._packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="typo-pack")
+        self._packing: Future[None] | None = None
         warm_up()
         self._load()
 
@@ -171,6 +177,7 @@ class IdentityService:
             ids.update(c.detail.get("redirected", ()))
         self._reload(tx, ids)
         self._seq = changes[-1].seq
+        self._schedule_typo_pack()
 
     def _reload(self, tx: Tx, ids: Iterable[str]) -> None:
         wanted = set(ids)
@@ -203,6 +210,7 @@ class IdentityService:
                     unit.flush()
                 self._seq = unit.seq
                 self._settle_after_own_commit()
+                self._schedule_typo_pack()
                 return result
             except BaseException:
                 if unit is not None and unit.touched:
@@ -210,6 +218,39 @@ class IdentityService:
                     with self.store.read() as tx:
                         self._reload(tx, unit.touched)
                 raise
+
+    def _schedule_typo_pack(self) -> None:
+        """Start packing the typo overlay in the background when enough anchors wait in it
+        (under _lock, so one pack at a time), keeping the index's memory near start-up's."""
+        if self._packing is not None and not self._packing.done():
+            return
+        if self.index.typo_pack_due(self.config.typo_pack_at):
+            self._packing = self._packer.submit(self._pack_typo_overlay)
+
+    def _pack_typo_overlay(self) -> None:
+        """Move the typo overlay's anchors into the packed table: set it aside and swap in the
+        result under the lock (both quick), build in between without it (reads and writes go
+        on; anchors filed meanwhile wait in a fresh overlay for the next pack)."""
+        index = self.index
+        with self._lock, self._changing_index():
+            pack = index.begin_typo_pack()
+        try:
+            index.build_typo_pack(pack)
+        except Exception:  # a failed pack costs memory, never answers
+            logger.exception("packing the typo table failed; its overlay keeps serving")
+            with self._lock, self._changing_index():
+                index.abandon_typo_pack(pack)
+            return
+        with self._lock, self._changing_index():
+            installed = self.index is index and index.install_typo_pack(pack)
+        pack.release()
+        logger.info("typo table: %d anchors packed (%s)", len(pack.anchors),
+                    "installed" if installed else "dropped: the index was rebuilt")
+
+    def close(self) -> None:
+        """Finish a typo pack in flight, then close the store."""
+        self._packer.shutdown(wait=True, cancel_futures=True)
+        self.store.close()
 
     def _read(self, work: Callable[[Tx], T]) -> T:
         with self._lock, self.store.read() as tx:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,13 @@ def test_settled_lookups_take_no_lock(service: IdentityService) -> None:
     assert counting.taken <= taken + 1  # the first read after the write settles, once
 
 
-def test_readers_racing_a_writer_always_get_the_settled_answer(service: IdentityService) -> None:
+@pytest.mark.parametrize("typo_pack_at", [50_000, 8], ids=["overlay", "packing"])
+def test_readers_racing_a_writer_always_get_the_settled_answer(
+    service: IdentityService, typo_pack_at: int
+) -> None:
+    """With the default pack threshold the new anchors stay in the typo overlay; with a small
+    one the overlay is packed in the background again and again while the readers read."""
+    service.config = replace(service.config, typo_pack_at=typo_pack_at)
     expected = _expected(service)
     stop = threading.Event()
     failures: list[Any] = []
@@ -118,3 +125,10 @@ def test_readers_racing_a_writer_always_get_the_settled_answer(service: Identity
     assert not any(t.is_alive() for t in readers)
     assert failures == []
     assert _expected(service) == expected
+    service.close()  # waits for a pack in flight
+    packed, waiting = service.index.typo_anchors()
+    assert packed + waiting >= 3 + 300 + 150  # start-up's, the aliases, the new names
+    if typo_pack_at == 8:
+        assert packed > 300
+    else:
+        assert packed == 0  # the fixture's store was empty at start-up

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.index import NameIndex
 from identity_server.normalize import WHITE_SPACE, display_form, key, one_edit_apart
+from identity_server.typo_table import DeletionVariantTable
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -225,23 +226,29 @@ def _names(index: NameIndex, eid: str) -> tuple[Name, ...]:
     return entity.names if entity is not None else ()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.booleans(),
     st.lists(entity_spec, min_size=1, max_size=25),
     st.lists(st.tuples(st.sampled_from(["put", "discard"]), st.integers(0, 24), entity_spec),
              max_size=15),
+    st.integers(-1, 15),
+    st.integers(0, 5),
     st.lists(name_text, min_size=1, max_size=10),
 )
 def test_typo_index_finds_exactly_what_a_scan_finds(
     bulk_load: bool,
     specs: list[tuple[list[tuple[str, NameKind]], Status]],
     edits: list[tuple[str, int, tuple[list[tuple[str, NameKind]], Status]]],
+    pack_at: int,
+    install_after: int,
     queries: list[str],
 ) -> None:
     """Typo lookup through the deletion neighbourhood equals a scan with one_edit_apart,
     after a start-up load (packed variants) or single puts (overlay), then any sequence of
-    puts, replacements and discards."""
+    puts, replacements and discards, with the overlay packed at some point: the pack made
+    before edit `pack_at` and installed `install_after` edits later (anchors filed meanwhile
+    stay in the overlay), so the small tables here also grow past their anchor-number bits."""
     index = NameIndex()
     truth: dict[str, Entity] = {}
     for n, spec in enumerate(specs):
@@ -251,7 +258,15 @@ def test_typo_index_finds_exactly_what_a_scan_finds(
             index.put(e)
     if bulk_load:
         index.load(truth.values())
-    for op, n, spec in edits:
+    pack = None
+    for step, (op, n, spec) in enumerate(edits):
+        if step == pack_at:
+            pack = index.begin_typo_pack()
+        if pack is not None and step == pack_at + install_after:
+            index.build_typo_pack(pack)  # built late: anchors filed meanwhile wait beside it
+            assert index.install_typo_pack(pack)
+            pack.release()
+            pack = None
         if op == "put":
             e = _entity(n, spec)
             index.put(e)
@@ -261,6 +276,11 @@ def test_typo_index_finds_exactly_what_a_scan_finds(
             truth.pop(f"e{n}", None)
     probes = [key(display_form(q)) for q in queries]
     probes += [n.key for e in truth.values() for n in e.names]
+    if pack is not None:  # asked mid-pack too: set-aside overlay, fresh overlay and base
+        for k in probes:
+            assert fast_typo(index, k) == brute_force_typo(truth, k), k
+        index.build_typo_pack(pack)
+        assert index.install_typo_pack(pack)
     for k in probes:
         assert fast_typo(index, k) == brute_force_typo(truth, k), k
 
@@ -303,3 +323,35 @@ def test_a_removed_anchor_stays_gone_after_a_load_and_comes_back_when_re_added()
     assert list(index.typo_neighbours("transfromer")) == [("transformer", ("e2",))]
     with pytest.raises(ValueError, match="empty index"):
         index.load([first])
+
+
+def test_a_pack_moves_the_overlay_into_the_packed_base_and_a_stale_one_is_refused() -> None:
+    """Packing empties the overlay without losing an anchor, takes more number bits when the
+    anchors outgrow them, and a pack made before a rebuild is not installed over it."""
+    table = DeletionVariantTable()
+    table.rebuild(["transformer", "attention"])
+    grown = [f"anchor{chr(0x61 + i % 26)}{chr(0x61 + i // 26)}" for i in range(40)]
+    for k in grown:
+        table.add(k)
+    assert (table.packed_anchors, table.overlay_anchors) == (2, 40)
+    before = table.packed_bytes()
+    pack = table.begin_pack()
+    assert table.holds(grown[0]) and "transformer" in table.anchors_near("transfomer")
+    table.add("lateanchor")  # filed while the pack is built: waits in the new overlay
+    DeletionVariantTable.pack(pack)
+    assert table.install(pack)
+    pack.release()
+    assert (table.packed_anchors, table.overlay_anchors) == (42, 1)
+    assert table.packed_bytes() > before
+    for k in ["transformer", "attention", "lateanchor", *grown]:
+        assert table.holds(k), k
+        assert k in table.anchors_near(k[1:]), k  # found through a deletion variant
+    assert not table.holds("anchor")
+    stale = table.begin_pack()
+    with pytest.raises(RuntimeError, match="under way"):
+        table.begin_pack()
+    DeletionVariantTable.pack(stale)
+    table.rebuild(["other"])
+    assert not table.install(stale)
+    assert (table.packed_anchors, table.overlay_anchors) == (1, 0)
+    assert not table.holds("lateanchor")
