@@ -125,17 +125,17 @@ class NameIndex:
         return table.overlay_anchors >= max(at_least, table.packed_anchors // _PACK_SHARE, 1)
 
     def begin_typo_pack(self) -> OverlayPack:
-        """Set the typo overlay aside for a pack (the caller excludes writers; quick). Build the
-        pack with `OverlayPack`'s table (`build_typo_pack`), without the lock, then install it."""
+        """Set the typo overlay aside for a pack (the caller excludes writers; quick), then
+        `build_typo_pack` without the lock, then `install_typo_pack`."""
         return self._variants.begin_pack()
 
     @staticmethod
     def build_typo_pack(pack: OverlayPack) -> None:
-        """The slow part of a pack: safe beside readers and writers."""
-        DeletionVariantTable.pack(pack)
+        """The slow part of a pack, shard by shard: safe beside readers and writers."""
+        DeletionVariantTable.build(pack)
 
     def install_typo_pack(self, pack: OverlayPack) -> bool:
-        """Swap in a built pack (the caller excludes writers; quick); False when it came too
+        """Finish a built pack (the caller excludes writers; quick); False when it came too
         late. Free the set-aside overlay afterwards, off the lock: `pack.release()`."""
         return self._variants.install(pack)
 

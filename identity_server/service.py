@@ -228,9 +228,10 @@ class IdentityService:
             self._packing = self._packer.submit(self._pack_typo_overlay)
 
     def _pack_typo_overlay(self) -> None:
-        """Move the typo overlay's anchors into the packed table: set it aside and swap in the
-        result under the lock (both quick), build in between without it (reads and writes go
-        on; anchors filed meanwhile wait in a fresh overlay for the next pack)."""
+        """Move the typo overlay's anchors into the packed table: set the overlay aside and,
+        at the end, drop it under the lock (both quick); in between, merge it into the shards
+        without the lock (reads and writes go on; anchors filed meanwhile wait in a fresh
+        overlay for the next pack)."""
         index = self.index
         with self._lock, self._changing_index():
             pack = index.begin_typo_pack()
@@ -244,7 +245,7 @@ class IdentityService:
         with self._lock, self._changing_index():
             installed = self.index is index and index.install_typo_pack(pack)
         pack.release()
-        logger.info("typo table: %d anchors packed (%s)", len(pack.anchors),
+        logger.info("typo table: %d anchors packed (%s)", len(pack.absorbed),
                     "installed" if installed else "dropped: the index was rebuilt")
 
     def close(self) -> None:

@@ -2,29 +2,31 @@
 
 Every anchor key is filed under itself and each string one deletion away from it (about 19
 variants for a typical name). Held as Python strings in a dict, those variants cost ~1.8 KB per
-entity, most of the index. Here the bulk of them lives in one sorted array of 8-byte words,
-`(high bits of hash(variant)) | anchor number`, with a directory of bucket starts indexed by the
-hash's top bits (about four words a bucket): a lookup hashes its len(k) + 1 probes and reads one
-short bucket for each, so its cost depends on the key's length, not on the entity count (a binary
-search would not do: its cache misses grow with the table). A hash collision can only add a false
-candidate, never hide a true one, and callers verify every candidate with `one_edit_apart`.
-numpy sorts and sizes the table at build time; lookups read it through memoryviews (`.data`), which return
-plain ints faster than numpy scalars for a handful of reads.
+entity, most of the index. Here the bulk of them lives in sorted arrays of 8-byte words,
+`(high bits of hash(variant)) | anchor number`, one array per shard (the hash's top 4 bits), each
+with a directory of bucket starts indexed by the next bits of the hash (about four words a
+bucket): a lookup hashes its len(k) + 1 probes and reads one short bucket for each, so its cost
+depends on the key's length, not on the entity count (a binary search would not do: its cache
+misses grow with the table). A hash collision can only add a false candidate, never hide a true
+one, and callers verify every candidate with `one_edit_apart`. numpy sorts and sizes the arrays
+at build time; lookups read them through memoryviews (`.data`), which return plain ints faster
+than numpy scalars for a handful of reads.
 
 Anchors added after the last `rebuild` go to an exact overlay (a dict keyed by the variant
-strings). A pack moves them into the packed base in three steps, so neither readers nor writers
-wait for the slow part: `begin_pack` sets the overlay aside (lookups still read it) and starts an
-empty one, `pack` builds the merged base from the set-aside anchors, and `install` swaps the new
-base in and forgets the set-aside overlay, which the caller then frees off the lock (`release`).
-Nothing is ever removed: an anchor key whose last name or alias is gone stays filed (callers
-check each candidate's names anyway).
+strings). A pack moves them into the packed shards in steps, so neither readers nor writers wait
+for the slow part and the extra memory is one shard's, not a second table: `begin_pack` sets the
+overlay aside (lookups still read it) and starts an empty one; `build` merges the set-aside
+anchors into each shard in turn and swaps the shard in (a reader sees old or new shards, and
+either way the set-aside overlay still holds what they differ in); `install` drops the set-aside
+overlay, which the caller then frees off the lock (`release`). Nothing is ever removed: an anchor
+key whose last name or alias is gone stays filed (callers check each candidate's names anyway).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -33,9 +35,12 @@ from identity_server import multimap
 from identity_server.multimap import MultiMap
 
 _U64 = (1 << 64) - 1
+_SHARD_BITS = 4  # 16 shards: a pack's scratch memory is a sixteenth of the table
+_SHARD_SHIFT = 64 - _SHARD_BITS
 _WORDS_PER_BUCKET = 4  # the directory costs 4 bytes per bucket: ~1 byte a variant
 _DIRECTORY_CHUNK = 1 << 20  # bucket starts found this many at a time (bounded scratch memory)
-_BUILD_CHUNK = 1 << 16  # anchors hashed per slice of the packed array
+_BUILD_CHUNK = 1 << 16  # anchors hashed at a time
+_SHARD_STARTS = np.arange(1 << _SHARD_BITS, dtype=np.uint64) << np.uint64(_SHARD_SHIFT)
 
 Words = npt.NDArray[np.uint64]
 
@@ -45,41 +50,43 @@ def deletion_variants(k: str) -> set[str]:
     return {k} | {k[:i] + k[i + 1 :] for i in range(len(k))}
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class _Packed:
-    """One packed base, replaced whole so that a reader never mixes the fields of two."""
+class _Shard(NamedTuple):
+    """One shard's sorted words and bucket directory; replaced whole, never changed."""
 
-    anchors: list[str]  # anchor number -> key; later bases extend this same list
-    array: Words
-    starts: npt.NDArray[Any]
     words: memoryview  # array.data and starts.data: plain-int reads
     bucket_starts: memoryview
-    shift: int  # bucket of a word: word >> shift
+    shift: int  # bucket of a word: (word >> shift) & bucket_mask
+    bucket_mask: int
+    hash_mask: int  # high bits of a word: the variant's hash
     number_mask: int  # low bits of a word: the anchor number
+    array: Words
+    starts: npt.NDArray[Any]
 
 
 @dataclass(slots=True, eq=False)
 class OverlayPack:
-    """The overlay set aside by `begin_pack`, and the packed base made from it by `pack`."""
+    """The overlay set aside by `begin_pack`, on its way into the shards it was taken beside."""
 
-    replaces: _Packed
+    shards: list[_Shard]
+    anchors: list[str]  # the table's anchor list (number -> key) when the pack began
     overlay: MultiMap
-    anchors: list[str]
-    packed: _Packed | None = None
+    absorbed: list[str]
+    built: bool = field(default=False)
 
     def release(self) -> None:
-        """Free the set-aside overlay a slice at a time (other threads run between slices)."""
+        """Free the set-aside overlay an entry at a time (other threads run in between)."""
         overlay = self.overlay
         for _ in range(len(overlay)):
             overlay.popitem()
 
 
 class DeletionVariantTable:
-    """Variant -> anchor keys: a packed, sorted base plus an exact overlay for later additions."""
+    """Variant -> anchor keys: packed, sorted shards plus an exact overlay for later additions."""
 
     def __init__(self) -> None:
-        self._base = _pack(np.empty(0, dtype=np.uint64), [], _number_bits(0))
-        self._overlay: MultiMap = {}  # variant -> anchor key(s) filed since the base was packed
+        self._anchors: list[str] = []  # anchor number -> key, for the shards
+        self._shards = _shards_of([np.empty(0, dtype=np.uint64)] * (1 << _SHARD_BITS), 0)
+        self._overlay: MultiMap = {}  # variant -> anchor key(s) filed since the last pack began
         self._overlay_anchors: list[str] = []  # those anchor keys, in filing order
         self._packing: MultiMap = {}  # the overlay set aside while a pack is built
         self._pack: OverlayPack | None = None
@@ -91,16 +98,31 @@ class DeletionVariantTable:
 
     @property
     def packed_anchors(self) -> int:
-        return len(self._base.anchors)
+        return len(self._anchors)
 
     def rebuild(self, anchors: Iterable[str]) -> None:
-        """Pack every variant of `anchors` (distinct keys) into the base; clear the overlay."""
+        """Pack every variant of `anchors` (distinct keys) into new shards; clear the overlay.
+        The words are dealt to their shards a slice at a time, so the scratch memory beyond the
+        finished table is one shard."""
         listed = list(anchors)
         bits = _number_bits(len(listed))
-        array = np.empty(_variant_count(listed), dtype=np.uint64)
-        _fill_words(array, listed, 0, bits)
-        array.sort()
-        self._base = _pack(array, listed, bits)
+        pieces: list[list[Words]] = [[] for _ in range(1 << _SHARD_BITS)]
+        for first in range(0, len(listed), _BUILD_CHUNK):
+            hashes, numbers = _variant_hashes(listed[first : first + _BUILD_CHUNK], first)
+            words = _encoded(hashes, numbers, bits)
+            words.sort()
+            cuts = np.searchsorted(words, _SHARD_STARTS[1:])
+            for shard, part in enumerate(np.split(words, cuts)):
+                if len(part):
+                    pieces[shard].append(part.copy())  # a copy: the chunk is freed at once
+        arrays = []
+        for i, parts in enumerate(pieces):
+            array = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
+            pieces[i] = []
+            array.sort()
+            arrays.append(array)
+        self._anchors = listed
+        self._shards = _shards_of(arrays, bits)
         self._overlay = {}
         self._overlay_anchors = []
         self._packing = {}
@@ -117,40 +139,49 @@ class DeletionVariantTable:
         quick). Lookups read the set-aside overlay until `install` or a `rebuild`."""
         if self._pack is not None:
             raise RuntimeError("a pack is already under way")
-        pack = OverlayPack(self._base, self._overlay, self._overlay_anchors)
+        pack = OverlayPack(self._shards, self._anchors, self._overlay, self._overlay_anchors)
         self._packing = pack.overlay  # before the swap: a reader never misses both
         self._overlay, self._overlay_anchors = {}, []
         self._pack = pack
         return pack
 
     @staticmethod
-    def pack(pack: OverlayPack) -> None:
-        """Build the base with the set-aside anchors merged in (no lock needed: it reads only
-        what `begin_pack` froze, and numpy does the bulk of it without the GIL). The merge is
-        linear: the base is sorted, and so are the new words before they join it."""
-        base, absorbed = pack.replaces, pack.anchors
-        first = len(base.anchors)
-        bits = base.number_mask.bit_length()
-        total = first + len(absorbed)
-        old = len(base.array)
-        merged = np.empty(old + _variant_count(absorbed), dtype=np.uint64)
-        merged[:old] = base.array
-        if total > base.number_mask + 1:  # numbers need more bits: take them from the hash
-            bits = _number_bits(total)
-            taken = ((1 << bits) - 1) ^ base.number_mask
-            np.bitwise_and(merged[:old], np.uint64(_U64 ^ taken), out=merged[:old])
-        _fill_words(merged[old:], absorbed, first, bits)
-        merged[old:].sort()
-        merged.sort(kind="stable")  # timsort: two sorted runs (nearly, after taking bits) merge
-        pack.packed = _pack(merged, base.anchors, bits)
+    def build(pack: OverlayPack) -> None:
+        """Merge the set-aside anchors into each shard and swap it in, one shard at a time.
+
+        Needs no lock: it changes only the shards and anchor list the pack began beside (a
+        `rebuild` meanwhile replaces those, and `install` then refuses the pack), each swap is
+        one list store, and numbers are appended before any shard uses them. Each merge is
+        linear: the shard is sorted, and so are its new words before they join it.
+        """
+        first = len(pack.anchors)
+        total = first + len(pack.absorbed)
+        hashes, numbers = _variant_hashes(pack.absorbed, first)
+        shard_of = hashes >> np.uint64(_SHARD_SHIFT)
+        pack.anchors.extend(pack.absorbed)
+        for s, shard in enumerate(pack.shards):
+            bits = shard.number_mask.bit_length()
+            old = shard.array
+            mine = shard_of == s
+            merged = np.empty(len(old) + int(np.count_nonzero(mine)), dtype=np.uint64)
+            merged[: len(old)] = old
+            if total > shard.number_mask + 1:  # numbers need more bits: take them from the hash
+                bits = _number_bits(total)
+                taken = ((1 << bits) - 1) ^ shard.number_mask
+                np.bitwise_and(merged[: len(old)], np.uint64(_U64 ^ taken), out=merged[: len(old)])
+            new = merged[len(old) :]
+            new[:] = _encoded(hashes[mine], numbers[mine], bits)
+            new.sort()
+            merged.sort(kind="stable")  # timsort: two sorted runs (nearly, after taking bits)
+            pack.shards[s] = _shard(merged, s, bits)
+        pack.built = True
 
     def install(self, pack: OverlayPack) -> bool:
-        """Swap in the base `pack` built (under the writers' lock; quick). False, and nothing
-        changed, when the table was rebuilt since `begin_pack`. Then call `pack.release()`."""
-        if self._pack is not pack or pack.packed is None:
+        """Drop the set-aside overlay once `build` has moved it into the shards (under the
+        writers' lock; quick). False, and nothing changed, when the table was rebuilt since
+        `begin_pack`. Then call `pack.release()`."""
+        if self._pack is not pack or not pack.built:
             return False
-        pack.packed.anchors.extend(pack.anchors)  # numbers the old base's words never use
-        self._base = pack.packed  # before the set-aside overlay goes: never missing both
         self._packing = {}
         self._pack = None
         return True
@@ -159,7 +190,7 @@ class DeletionVariantTable:
         """Give up a pack that failed: its anchors go back into the overlay (under the lock)."""
         if self._pack is not pack:
             return
-        for k in pack.anchors:
+        for k in pack.absorbed:
             self.add(k)
         self._packing = {}
         self._pack = None
@@ -168,13 +199,13 @@ class DeletionVariantTable:
         """Whether anchor key k is filed (each key is filed under itself, so one probe tells)."""
         if k in multimap.values(self._overlay, k) or k in multimap.values(self._packing, k):
             return True
-        base = self._base
-        number_mask = base.number_mask
-        hash_mask = _U64 ^ number_mask
-        hashed = hash(k) & hash_mask
-        bucket = hashed >> base.shift
-        words, anchors = base.words, base.anchors
-        for i in range(base.bucket_starts[bucket], base.bucket_starts[bucket + 1]):
+        anchors = self._anchors
+        hashed = hash(k) & _U64
+        shard = self._shards[hashed >> _SHARD_SHIFT]
+        words, starts, shift, bucket_mask, hash_mask, number_mask, _, _ = shard
+        hashed &= hash_mask
+        bucket = (hashed >> shift) & bucket_mask
+        for i in range(starts[bucket], starts[bucket + 1]):
             word = words[i]
             if word & hash_mask == hashed and anchors[word & number_mask] == k:
                 return True
@@ -188,13 +219,15 @@ class DeletionVariantTable:
             if overlay:
                 for variant in probes:
                     found.update(multimap.values(overlay, variant))
-        base = self._base  # read after the overlays: an install swaps the base in first
-        words, starts, shift = base.words, base.bucket_starts, base.shift
-        anchors, number_mask = base.anchors, base.number_mask
-        hash_mask = _U64 ^ number_mask
+        anchors, shards = self._anchors, self._shards  # after the overlays: see build
+        all_bits, shard_shift = _U64, _SHARD_SHIFT
         for variant in probes:
-            hashed = hash(variant) & hash_mask
-            bucket = hashed >> shift
+            hashed = hash(variant) & all_bits
+            words, starts, shift, bucket_mask, hash_mask, number_mask, _, _ = shards[
+                hashed >> shard_shift
+            ]
+            hashed &= hash_mask
+            bucket = (hashed >> shift) & bucket_mask
             for i in range(starts[bucket], starts[bucket + 1]):
                 word = words[i]
                 if word & hash_mask == hashed:
@@ -202,9 +235,9 @@ class DeletionVariantTable:
         return found
 
     def packed_bytes(self) -> int:
-        """Memory held by the packed base (the array and the anchor list's slots)."""
-        base = self._base
-        return int(base.array.nbytes + base.starts.nbytes) + 8 * len(base.anchors)
+        """Memory held by the packed shards (arrays, directories, the anchor list's slots)."""
+        held = sum(int(s.array.nbytes + s.starts.nbytes) for s in self._shards)
+        return held + 8 * len(self._anchors)
 
 
 def _number_bits(anchors: int) -> int:
@@ -216,34 +249,50 @@ def _variant_count(anchors: Sequence[str]) -> int:
     return sum(map(len, anchors)) + len(anchors)
 
 
-def _fill_words(out: Words, anchors: Sequence[str], first: int, bits: int) -> None:
-    """Write the words of every variant of `anchors`, numbered from `first`, into `out`
-    (sized by _variant_count), a slice at a time: no growing buffer copied at twice its size."""
-    hash_mask = _U64 ^ ((1 << bits) - 1)
+def _variant_hashes(anchors: Sequence[str], first: int) -> tuple[Words, Words]:
+    """hash(variant) and anchor number, for every variant of `anchors` numbered from `first`
+    (hashed a slice at a time: the Python ints in flight stay few)."""
+    count = _variant_count(anchors)
+    lengths = np.fromiter(map(len, anchors), dtype=np.int64, count=len(anchors)) + 1
+    numbers = np.repeat(np.arange(first, first + len(anchors), dtype=np.uint64), lengths)
+    hashes = np.empty(count, dtype=np.uint64)
     filled = 0
     for start in range(0, len(anchors), _BUILD_CHUNK):
-        words = [
-            (hash(k[:i] + k[i + 1 :]) & hash_mask) | number
-            for number, k in enumerate(anchors[start : start + _BUILD_CHUNK], first + start)
+        chunk = [
+            hash(k[:i] + k[i + 1 :]) & _U64
+            for k in anchors[start : start + _BUILD_CHUNK]
             for i in range(len(k) + 1)
         ]
-        out[filled : filled + len(words)] = words
-        filled += len(words)
+        hashes[filled : filled + len(chunk)] = chunk
+        filled += len(chunk)
+    return hashes, numbers
 
 
-def _pack(array: Words, anchors: list[str], bits: int) -> _Packed:
-    """A base over sorted `array`, with its bucket directory."""
+def _encoded(hashes: Words, numbers: Words, bits: int) -> Words:
+    """Packed words: the hash's high bits above `bits` bits of anchor number."""
+    return (hashes & np.uint64(_U64 ^ ((1 << bits) - 1))) | numbers
+
+
+def _shard(array: Words, index: int, bits: int) -> _Shard:
+    """Shard `index` over its sorted `array`, with its bucket directory."""
     bucket_bits = max(1, (len(array) // _WORDS_PER_BUCKET).bit_length())
-    bucket_bits = min(bucket_bits, 64 - bits)  # buckets split the hash bits only
-    shift = 64 - bucket_bits
+    bucket_bits = min(bucket_bits, _SHARD_SHIFT - bits)  # buckets split the hash bits only
+    shift = _SHARD_SHIFT - bucket_bits
     buckets = 1 << bucket_bits
     starts = np.empty(buckets + 1, dtype=np.uint32 if len(array) < 1 << 32 else np.uint64)
+    base = np.uint64(index << _SHARD_SHIFT)
     for first in range(0, buckets, _DIRECTORY_CHUNK):
         last = min(buckets, first + _DIRECTORY_CHUNK)
-        bounds = np.arange(first, last, dtype=np.uint64) << np.uint64(shift)
+        bounds = base | (np.arange(first, last, dtype=np.uint64) << np.uint64(shift))
         starts[first:last] = np.searchsorted(array, bounds)
     starts[buckets] = len(array)
-    return _Packed(anchors, array, starts, array.data, starts.data, shift, (1 << bits) - 1)
+    number_mask = (1 << bits) - 1
+    return _Shard(array.data, starts.data, shift, buckets - 1, _U64 ^ number_mask, number_mask,
+                  array, starts)
+
+
+def _shards_of(arrays: Sequence[Words], bits: int) -> list[_Shard]:
+    return [_shard(array, i, bits) for i, array in enumerate(arrays)]
 
 
 __all__ = ["DeletionVariantTable", "OverlayPack", "deletion_variants"]

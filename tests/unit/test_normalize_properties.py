@@ -338,7 +338,7 @@ def test_a_pack_moves_the_overlay_into_the_packed_base_and_a_stale_one_is_refuse
     pack = table.begin_pack()
     assert table.holds(grown[0]) and "transformer" in table.anchors_near("transfomer")
     table.add("lateanchor")  # filed while the pack is built: waits in the new overlay
-    DeletionVariantTable.pack(pack)
+    DeletionVariantTable.build(pack)
     assert table.install(pack)
     pack.release()
     assert (table.packed_anchors, table.overlay_anchors) == (42, 1)
@@ -350,8 +350,24 @@ def test_a_pack_moves_the_overlay_into_the_packed_base_and_a_stale_one_is_refuse
     stale = table.begin_pack()
     with pytest.raises(RuntimeError, match="under way"):
         table.begin_pack()
-    DeletionVariantTable.pack(stale)
+    DeletionVariantTable.build(stale)
     table.rebuild(["other"])
     assert not table.install(stale)
     assert (table.packed_anchors, table.overlay_anchors) == (1, 0)
     assert not table.holds("lateanchor")
+
+
+def test_an_abandoned_pack_puts_its_anchors_back_in_the_overlay() -> None:
+    table = DeletionVariantTable()
+    table.rebuild(["transformer"])
+    table.add("attention")
+    pack = table.begin_pack()
+    table.abandon(pack)  # as after a failed build
+    assert (table.packed_anchors, table.overlay_anchors) == (1, 1)
+    assert table.holds("attention") and "attention" in table.anchors_near("atention")
+    assert not table.install(pack)
+    again = table.begin_pack()  # the next pack goes ahead
+    DeletionVariantTable.build(again)
+    assert table.install(again)
+    assert (table.packed_anchors, table.overlay_anchors) == (2, 0)
+    assert table.holds("attention") and "attention" in table.anchors_near("atention")
