@@ -111,6 +111,7 @@ def measure(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int)
     typo_us = median([x / 1000 for x in typo_ns])
     # The server's own high-water mark: the rapidfuzz baseline below loads every key again.
     server_peak_rss = proc_status().get("VmHWM", 0)
+    runtime = runtime_anchors(index, mentions, repeats=repeats)
 
     scan_us = float("nan")
     if scan_queries:
@@ -136,6 +137,62 @@ def measure(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int)
         "rates": rates, "kinds_seen": kinds_seen, "typo_us": typo_us,
         "typo_p99_us": sorted(typo_ns)[int(0.99 * (len(typo_ns) - 1))] / 1000 if typo_ns else 0,
         "scan_us": scan_us, "scan_queries": scan_queries, "per_kind": per_kind,
+        "runtime": runtime,
+    }
+
+
+RUNTIME_ANCHORS = 50_000  # the service's default pack threshold (ServiceConfig.typo_pack_at)
+
+
+def runtime_anchors(index: Any, mentions: dict[str, list[tuple[str, str]]], *,
+                    repeats: int) -> dict[str, float]:
+    """Entities created after start-up: what their typo anchors cost in the overlay, and what a
+    background pack of them costs (the service's own steps: set aside, build, install, release).
+    Typo decide() is timed with them in the overlay and after the pack."""
+    import gc
+
+    from benchmarks.names import names as generated_names
+    from identity_server.domain import Entity, Name, NameKind, Status
+    from identity_server.matching import decide
+    from identity_server.normalize import display_form
+
+    typo = [(display_form(t), ty) for t, ty in mentions["typo"]]
+
+    def typo_decide_us() -> float:
+        times = []
+        for _ in range(repeats):
+            for d, ty in typo:
+                a = time.perf_counter_ns()
+                decide(index, d, ty)
+                times.append(time.perf_counter_ns() - a)
+        return median([x / 1000 for x in times])
+
+    made = list(generated_names(RUNTIME_ANCHORS, seed=11, new=True))  # absent from the store
+    first = index.max_ordinal + 1
+    gc.collect()
+    rss0 = proc_status().get("VmRSS", 0)
+    for i, record in enumerate(made):
+        index.put(Entity(f"prov_rt{i}", record.entity_type, Status.PROVISIONAL, first + i,
+                         names=(Name(record.display, NameKind.NAME, 0),)))
+    gc.collect()
+    rss_overlay = proc_status().get("VmRSS", 0)
+    with_overlay_us = typo_decide_us()
+    t = time.perf_counter()
+    pack = index.begin_typo_pack()
+    index.build_typo_pack(pack)
+    built = proc_status().get("VmRSS", 0)
+    installed = index.install_typo_pack(pack)
+    pack_s = time.perf_counter() - t
+    pack.release()
+    del pack
+    gc.collect()
+    rss_packed = proc_status().get("VmRSS", 0)
+    return {
+        "anchors": len(made), "installed": installed, "pack_s": pack_s,
+        "overlay_bytes_per_entity": (rss_overlay - rss0) / len(made),
+        "packed_bytes_per_entity": (rss_packed - rss0) / len(made),
+        "build_scratch_bytes": built - rss_overlay,
+        "typo_us_overlay": with_overlay_us, "typo_us_packed": typo_decide_us(),
     }
 
 
@@ -172,6 +229,19 @@ def rows(points: list[dict[str, Any]], *, at: int, point_10m: dict[str, Any] | N
         "3 typo vs scan", f"typo decide() vs rapidfuzz full scan, {at:,} entities",
         fmt_us(main["typo_us"]), f"scan {fmt_us(main['scan_us'])}", speedup, ">= 1000x",
         speedup >= 1000))
+    runtime = main.get("runtime")
+    if runtime:
+        out.append(Row(
+            "3 runtime anchors",
+            f"{runtime['anchors']:,} entities created after start-up ({at:,} entities): RSS each "
+            "with their typo anchors in the overlay, then after the background pack; pack time "
+            "and scratch memory; typo decide() before and after",
+            f"{fmt_bytes(runtime['packed_bytes_per_entity'])}/entity packed, pack "
+            f"{runtime['pack_s']:.1f} s (+{fmt_bytes(runtime['build_scratch_bytes'])} scratch), "
+            f"typo {fmt_us(runtime['typo_us_overlay'])} -> {fmt_us(runtime['typo_us_packed'])}",
+            f"{fmt_bytes(runtime['overlay_bytes_per_entity'])}/entity in the overlay",
+            runtime["packed_bytes_per_entity"] / runtime["overlay_bytes_per_entity"],
+            "report", None, runtime))
     per_entity = main["bytes_per_entity"]
     if point_10m is not None and point_10m.get("fit"):
         whole = point_10m.get("server_peak_rss", point_10m["peak_rss"])

@@ -225,7 +225,10 @@ class IdentityService:
         if self._packing is not None and not self._packing.done():
             return
         if self.index.typo_pack_due(self.config.typo_pack_at):
-            self._packing = self._packer.submit(self._pack_typo_overlay)
+            try:
+                self._packing = self._packer.submit(self._pack_typo_overlay)
+            except RuntimeError:  # closed: a straggling call must not fail after its commit
+                logger.debug("typo pack not started: the service is closed")
 
     def _pack_typo_overlay(self) -> None:
         """Move the typo overlay's anchors into the packed table: set the overlay aside and,
