@@ -20,7 +20,7 @@ from identity_server.typo_table import DeletionVariantTable, OverlayPack, deleti
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
 # A typo pack is due when the overlay holds this share of the packed anchors (and the service's
 # floor): an overlay anchor costs ~10x a packed one, a pack costs a pass over the packed array.
-_PACK_SHARE = 32
+_PACK_SHARE = 64
 
 
 class NameIndex:
@@ -38,7 +38,7 @@ class NameIndex:
         self._by_key: MultiMap = {}  # key of any name, alias or surface form -> entity ids
         self._variants = DeletionVariantTable()  # deletion variant -> anchor keys
         self._max_ordinal = 0
-        self._bulk_loading = False  # load() files typo variants once, at the end
+        self._bulk_anchors: list[str] | None = None  # load() packs the typo table once, at the end
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -108,12 +108,13 @@ class NameIndex:
         end, which is faster and several times smaller than filing anchors one by one."""
         if self._entities:
             raise ValueError("load() fills an empty index; use put() to change one")
-        self._bulk_loading = True
+        anchors: list[str] = []
+        self._bulk_anchors = anchors
         try:
             self.put_many(entities)
         finally:
-            self._bulk_loading = False
-        self._variants.rebuild(k for k, ids in self._by_key.items() if self._is_anchor_key(k, ids))
+            self._bulk_anchors = None
+        self._variants.rebuild(dict.fromkeys(anchors))
 
     def typo_anchors(self) -> tuple[int, int]:
         """Typo anchors filed (packed, waiting in the overlay for the next pack)."""
@@ -167,20 +168,13 @@ class NameIndex:
     def _index_new(self, eid: str, names: tuple[Name, ...]) -> None:
         for n in names:
             add(self._by_key, n.key, eid)
-        if not self._bulk_loading:
-            self._file_anchors(names)
-
-    def _is_anchor_key(self, k: str, ids: str | set[str]) -> bool:
-        """Whether some entity holding key k holds it as a name or alias (k long enough)."""
-        if len(k) < MIN_TYPO_KEY:  # no entity lookups for the many short keys
-            return False
-        return any(
-            n.key == k and _is_anchor(n)
-            for eid in ((ids,) if isinstance(ids, str) else ids)
-            for n in self._entities[eid].names
-        )
+        self._file_anchors(names)
 
     def _file_anchors(self, names: tuple[Name, ...]) -> None:
+        collecting = self._bulk_anchors
+        if collecting is not None:  # load(): packed all at once when every entity is in
+            collecting.extend(n.key for n in names if _is_anchor(n))
+            return
         for n in names:
             if _is_anchor(n) and not self._variants.holds(n.key):
                 self._variants.add(n.key)

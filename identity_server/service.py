@@ -120,7 +120,7 @@ class ServiceConfig:
     promote_after_papers: int = 0
     batch_reply_ttl_seconds: int = 7 * 24 * 3600
     # Typo anchors filed since start-up (new entities' names, added aliases) that start a
-    # background pack of the typo table's overlay (and at least 1/32 of the packed ones).
+    # background pack of the typo table's overlay (and at least 1/64 of the packed ones).
     typo_pack_at: int = 50_000
 
 

@@ -34,7 +34,7 @@ def service(db_url: str) -> Iterator[IdentityService]:
     """The use-case layer on a fresh SQLite file (no gRPC)."""
     svc = build_service(Settings(db_url=db_url))
     yield svc
-    svc.store.close()
+    svc.close()
 
 
 @pytest.fixture

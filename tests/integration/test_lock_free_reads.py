@@ -49,7 +49,7 @@ def service(tmp_path: Path) -> Iterator[IdentityService]:
     ])
     assert report.errors == ()
     yield svc
-    svc.store.close()
+    svc.close()
 
 
 def _expected(service: IdentityService) -> dict[str, tuple[str, MatchKind]]:

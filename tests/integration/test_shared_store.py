@@ -22,8 +22,8 @@ def pair(tmp_path: Path) -> Iterator[tuple[IdentityService, IdentityService]]:
     url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
     a, b = build_service(Settings(db_url=url)), build_service(Settings(db_url=url))
     yield a, b
-    a.store.close()
-    b.store.close()
+    a.close()
+    b.close()
 
 
 def test_a_creation_elsewhere_is_seen_by_lookups_and_repeat_resolves(
@@ -91,7 +91,7 @@ def test_a_postgres_store_reloads_every_entity_with_its_names(pg_url: str) -> No
         )
         created = first.resolve("Brand New Thing", "tool").entity_id
     finally:
-        first.store.close()
+        first.close()
     again = build_service(Settings(db_url=pg_url))
     try:
         for n, eid in enumerate(ids):
@@ -100,7 +100,7 @@ def test_a_postgres_store_reloads_every_entity_with_its_names(pg_url: str) -> No
             assert (reply.entity_id, reply.match_kind) == (eid, MatchKind.ALIAS)
         assert again.resolve("brand new thing", "tool", lookup_only=True).entity_id == created
     finally:
-        again.store.close()
+        again.close()
 
 
 def test_concurrent_resolves_in_one_service_share_transactions_correctly(
@@ -155,4 +155,4 @@ def test_a_repeated_batch_gets_the_stored_reply_on_either_store(
         other = service.resolve_batch("paper-1", mentions[:2])
         assert [r.entity_id for r in other] == [r.entity_id for r in first[:2]]
     finally:
-        service.store.close()
+        service.close()

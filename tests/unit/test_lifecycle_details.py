@@ -28,7 +28,7 @@ def test_strict_mode_refuses_unknown_types_but_reads_empty_as_other(tmp_path: Pa
         assert svc.resolve("Ada Lovelace", "  ").entity_type == "other"
         assert svc.resolve("Ada Lovelace", " Person ").entity_type == "person"
     finally:
-        svc.store.close()
+        svc.close()
 
 
 def test_merging_an_already_merged_pair_either_way_is_a_no_op(service: IdentityService) -> None:

@@ -71,7 +71,7 @@ def make_service(tmp_path: Path) -> Iterator[Callable[..., IdentityService]]:
 
     yield make
     for svc in made:
-        svc.store.close()
+        svc.close()
 
 
 # -- rules 1 to 4, converged: one table ------------------------------------------------------------
