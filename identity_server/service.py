@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -39,6 +40,8 @@ from identity_server.store.sql import ChangeRecord, LinkRow, SqlStore, Tx
 from identity_server.unit import DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
 
 logger = logging.getLogger(__name__)
+
+PACK_RETRY_AFTER_S = 60.0  # after a failed typo pack, the next waits this long
 T = TypeVar("T")
 
 IMPORT_CHUNK = 1000
@@ -143,6 +146,7 @@ class IdentityService:
         self._batches_written = 0
         self._packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="typo-pack")
         self._packing: Future[None] | None = None
+        self._no_pack_before = 0.0  # time.monotonic() before which no pack starts
         warm_up()
         self._load()
 
@@ -224,6 +228,8 @@ class IdentityService:
         (under _lock, so one pack at a time), keeping the index's memory near start-up's."""
         if self._packing is not None and not self._packing.done():
             return
+        if time.monotonic() < self._no_pack_before:
+            return
         if self.index.typo_pack_due(self.config.typo_pack_at):
             try:
                 self._packing = self._packer.submit(self._pack_typo_overlay)
@@ -241,9 +247,11 @@ class IdentityService:
         try:
             index.build_typo_pack(pack)
         except Exception:  # a failed pack costs memory, never answers
-            logger.exception("packing the typo table failed; its overlay keeps serving")
+            logger.exception("packing the typo table failed; its overlay keeps serving, and the "
+                             "next pack waits %.0f s", PACK_RETRY_AFTER_S)
             with self._lock, self._changing_index():
                 index.abandon_typo_pack(pack)
+                self._no_pack_before = time.monotonic() + PACK_RETRY_AFTER_S
             return
         with self._lock, self._changing_index():
             installed = self.index is index and index.install_typo_pack(pack)

@@ -43,6 +43,10 @@ def test_a_failed_pack_keeps_the_overlay_serving_and_the_next_pack_goes_ahead(
     monkeypatch.setattr(NameIndex, "build_typo_pack", staticmethod(real_build))
     other = service.resolve("Vextral Autoencoder", "method")
     _wait_for_pack(service)
+    assert service.index.typo_anchors() == (0, 2)  # the retry waits: no pack on every write
+    service._no_pack_before = 0.0  # as when PACK_RETRY_AFTER_S has passed
+    service.resolve("Vextral Autoencoder", "method", context_id="paper-1")  # a write
+    _wait_for_pack(service)
     assert service.index.typo_anchors() == (2, 0)
     for mention, entity in (("Quorbex Transfromer", made), ("Vextral Autoencodr", other)):
         r = service.resolve(mention, "method", lookup_only=True)
