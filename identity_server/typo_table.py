@@ -24,6 +24,8 @@ key whose last name or alias is gone stays filed (callers check each candidate's
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -78,6 +80,7 @@ class OverlayPack:
         overlay = self.overlay
         for _ in range(len(overlay)):
             overlay.popitem()
+        return_free_memory()
 
 
 class DeletionVariantTable:
@@ -102,25 +105,30 @@ class DeletionVariantTable:
 
     def rebuild(self, anchors: Iterable[str]) -> None:
         """Pack every variant of `anchors` (distinct keys) into new shards; clear the overlay.
-        The words are dealt to their shards a slice at a time, so the scratch memory beyond the
-        finished table is one shard."""
+
+        The words go into one array sized first and filled a slice at a time, sorted in place,
+        then cut into shards from the end, each cut handing the tail back (`resize`): the
+        scratch memory beyond the finished table is one shard, and no freed pieces are left
+        scattered over the heap to keep the process's memory up.
+        """
         listed = list(anchors)
         bits = _number_bits(len(listed))
-        pieces: list[list[Words]] = [[] for _ in range(1 << _SHARD_BITS)]
+        array = np.empty(_variant_count(listed), dtype=np.uint64)
+        filled = 0
         for first in range(0, len(listed), _BUILD_CHUNK):
             hashes, numbers = _variant_hashes(listed[first : first + _BUILD_CHUNK], first)
-            words = _encoded(hashes, numbers, bits)
-            words.sort()
-            cuts = np.searchsorted(words, _SHARD_STARTS[1:])
-            for shard, part in enumerate(np.split(words, cuts)):
-                if len(part):
-                    pieces[shard].append(part.copy())  # a copy: the chunk is freed at once
-        arrays = []
-        for i, parts in enumerate(pieces):
-            array = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
-            pieces[i] = []
-            array.sort()
-            arrays.append(array)
+            array[filled : filled + len(hashes)] = _encoded(hashes, numbers, bits)
+            filled += len(hashes)
+            del hashes, numbers
+        array.sort()
+        bounds = [0, *np.searchsorted(array, _SHARD_STARTS[1:]).tolist(), len(array)]
+        arrays: list[Words] = []
+        for s in reversed(range(1 << _SHARD_BITS)):
+            arrays.append(array[bounds[s] : bounds[s + 1]].copy())
+            array.resize(bounds[s], refcheck=False)  # the copied tail goes back to the system
+        del array
+        arrays.reverse()
+        return_free_memory()
         self._anchors = listed
         self._shards = _shards_of(arrays, bits)
         self._overlay = {}
@@ -238,6 +246,27 @@ class DeletionVariantTable:
         """Memory held by the packed shards (arrays, directories, the anchor list's slots)."""
         held = sum(int(s.array.nbytes + s.starts.nbytes) for s in self._shards)
         return held + 8 * len(self._anchors)
+
+
+def _load_malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):  # not glibc: the allocator keeps its own ways
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def return_free_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim).
+
+    Builds and packs allocate and free large numpy temporaries; glibc keeps freed heap pages
+    resident unless they sit at the top of the heap, so without this a long-running server's
+    memory would carry every past pack's scratch.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _number_bits(anchors: int) -> int:
