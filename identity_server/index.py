@@ -114,7 +114,7 @@ class NameIndex:
             self.put_many(entities)
         finally:
             self._bulk_anchors = None
-        self._variants.rebuild(dict.fromkeys(anchors))
+        self._variants.rebuild(anchors)
 
     def typo_anchors(self) -> tuple[int, int]:
         """Typo anchors filed (packed, waiting in the overlay for the next pack)."""
@@ -166,14 +166,29 @@ class NameIndex:
         self._file_anchors(after)
 
     def _index_new(self, eid: str, names: tuple[Name, ...]) -> None:
+        by_key = self._by_key
         for n in names:
-            add(self._by_key, n.key, eid)
-        self._file_anchors(names)
+            add(by_key, n.key, eid)
+        collecting = self._bulk_anchors
+        if collecting is None:
+            self._file_anchors(names)
+            return
+        # load(): collected now, packed once at the end. Each key once: a key that another
+        # entity already holds is collected only if none of those holds it as an anchor (rare,
+        # and no table of every key seen is needed, which at 10M entities would cost ~0.5 GB).
+        for k in {n.key for n in names if _is_anchor(n)}:
+            ids = by_key[k]
+            if isinstance(ids, str) or not any(
+                other != eid and self._holds_anchor(other, k) for other in ids
+            ):
+                collecting.append(k)
+
+    def _holds_anchor(self, eid: str, k: str) -> bool:
+        return any(n.key == k and _is_anchor(n) for n in self._entities[eid].names)
 
     def _file_anchors(self, names: tuple[Name, ...]) -> None:
-        collecting = self._bulk_anchors
-        if collecting is not None:  # load(): packed all at once when every entity is in
-            collecting.extend(n.key for n in names if _is_anchor(n))
+        if self._bulk_anchors is not None:  # an entity loaded twice: a repeat key is harmless
+            self._bulk_anchors.extend(n.key for n in names if _is_anchor(n))
             return
         for n in names:
             if _is_anchor(n) and not self._variants.holds(n.key):

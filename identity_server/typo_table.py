@@ -104,14 +104,15 @@ class DeletionVariantTable:
         return len(self._anchors)
 
     def rebuild(self, anchors: Iterable[str]) -> None:
-        """Pack every variant of `anchors` (distinct keys) into new shards; clear the overlay.
+        """Pack every variant of `anchors` (distinct keys; a list is kept, not copied) into new
+        shards; clear the overlay.
 
         The words go into one array sized first and filled a slice at a time, sorted in place,
         then cut into shards from the end, each cut handing the tail back (`resize`): the
         scratch memory beyond the finished table is one shard, and no freed pieces are left
         scattered over the heap to keep the process's memory up.
         """
-        listed = list(anchors)
+        listed = anchors if isinstance(anchors, list) else list(anchors)  # kept: number -> key
         bits = _number_bits(len(listed))
         array = np.empty(_variant_count(listed), dtype=np.uint64)
         filled = 0

@@ -357,6 +357,30 @@ def test_a_pack_moves_the_overlay_into_the_packed_base_and_a_stale_one_is_refuse
     assert not table.holds("lateanchor")
 
 
+def test_a_load_files_each_shared_anchor_key_once_and_never_misses_one() -> None:
+    """Start-up collects anchor keys as it loads: a key held as a surface form first and as a
+    name later is still filed; keys shared by names, aliases and entities are filed once."""
+    entities = [
+        Entity("e1", "other", Status.CANONICAL, 1,
+               names=(Name("Transformer", NameKind.NAME, 0), Name("TRANSFORMER", NameKind.ALIAS, 1),
+                      Name("Graph-Net", NameKind.SURFACE, 2))),
+        Entity("e2", "other", Status.PROVISIONAL, 2,
+               names=(Name("Graph Net", NameKind.NAME, 0),)),  # key first seen as e1's surface
+        Entity("e3", "other", Status.CANONICAL, 3,
+               names=(Name("transformer", NameKind.NAME, 0),)),  # key first seen as e1's name
+        Entity("e4", "other", Status.CANONICAL, 4,
+               names=(Name("Attention", NameKind.SURFACE, 0),)),  # never an anchor
+    ]
+    index = NameIndex()
+    index.load(entities)
+    assert index.typo_anchors() == (2, 0)  # transformer, graphnet
+    truth = {e.entity_id: e for e in entities}
+    for probe in ("transfromer", "grapnet", "atention", "transformer", "graphnet"):
+        assert fast_typo(index, probe) == brute_force_typo(truth, probe), probe
+    assert fast_typo(index, "grapnet") == {("graphnet", "e2")}
+    assert fast_typo(index, "transformr") == {("transformer", "e1"), ("transformer", "e3")}
+
+
 def test_an_abandoned_pack_puts_its_anchors_back_in_the_overlay() -> None:
     table = DeletionVariantTable()
     table.rebuild(["transformer"])
