@@ -6,7 +6,7 @@ each string made by deleting one of its characters. Two keys within one insertio
 substitution or adjacent swap share at least one such variant, so a lookup probes len(key) + 1
 variants and never scans the names: its cost depends on the key's length, not the entity count.
 The variants live in `typo_table.DeletionVariantTable`, packed at start-up (`load`) and again,
-in the background, once enough anchors have been filed since (`pack_typo_overlay`).
+in the background, once enough anchors have been filed since (`begin_typo_pack`).
 """
 
 from __future__ import annotations
