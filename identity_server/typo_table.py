@@ -286,14 +286,15 @@ def _variant_hashes(anchors: Sequence[str], first: int) -> tuple[Words, Words]:
     lengths = np.fromiter(map(len, anchors), dtype=np.int64, count=len(anchors)) + 1
     numbers = np.repeat(np.arange(first, first + len(anchors), dtype=np.uint64), lengths)
     hashes = np.empty(count, dtype=np.uint64)
+    signed = hashes.view(np.int64)  # hash() is a signed 64-bit int: same bits as hash() & _U64
     filled = 0
     for start in range(0, len(anchors), _BUILD_CHUNK):
         chunk = [
-            hash(k[:i] + k[i + 1 :]) & _U64
+            hash(k[:i] + k[i + 1 :])
             for k in anchors[start : start + _BUILD_CHUNK]
             for i in range(len(k) + 1)
         ]
-        hashes[filled : filled + len(chunk)] = chunk
+        signed[filled : filled + len(chunk)] = chunk
         filled += len(chunk)
     return hashes, numbers
 
