@@ -163,32 +163,29 @@ class NameIndex:
             remove(self._by_key, k, eid)
         for k in new - old:
             add(self._by_key, k, eid)
-        self._file_anchors(after)
+        self._file_anchors(eid, after)
 
     def _index_new(self, eid: str, names: tuple[Name, ...]) -> None:
-        by_key = self._by_key
         for n in names:
-            add(by_key, n.key, eid)
-        collecting = self._bulk_anchors
-        if collecting is None:
-            self._file_anchors(names)
-            return
-        # load(): collected now, packed once at the end. Each key once: a key that another
-        # entity already holds is collected only if none of those holds it as an anchor (rare,
-        # and no table of every key seen is needed, which at 10M entities would cost ~0.5 GB).
-        for k in {n.key for n in names if _is_anchor(n)}:
-            ids = by_key[k]
-            if isinstance(ids, str) or not any(
-                other != eid and self._holds_anchor(other, k) for other in ids
-            ):
-                collecting.append(k)
+            add(self._by_key, n.key, eid)
+        self._file_anchors(eid, names)
 
     def _holds_anchor(self, eid: str, k: str) -> bool:
         return any(n.key == k and _is_anchor(n) for n in self._entities[eid].names)
 
-    def _file_anchors(self, names: tuple[Name, ...]) -> None:
-        if self._bulk_anchors is not None:  # an entity loaded twice: a repeat key is harmless
-            self._bulk_anchors.extend(n.key for n in names if _is_anchor(n))
+    def _file_anchors(self, eid: str, names: tuple[Name, ...]) -> None:
+        """File eid's anchor keys (its names are already in the key table)."""
+        collecting = self._bulk_anchors
+        if collecting is not None:
+            # load(): collected now, packed once at the end. Each key once: a key that another
+            # entity already holds is collected only if none of those holds it as an anchor
+            # (rare, and no table of every key seen is needed: at 10M entities, ~0.5 GB).
+            for k in {n.key for n in names if _is_anchor(n)}:
+                ids = self._by_key[k]
+                if isinstance(ids, str) or not any(
+                    other != eid and self._holds_anchor(other, k) for other in ids
+                ):
+                    collecting.append(k)
             return
         for n in names:
             if _is_anchor(n) and not self._variants.holds(n.key):
