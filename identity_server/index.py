@@ -39,6 +39,7 @@ class NameIndex:
         self._variants = DeletionVariantTable()  # deletion variant -> anchor keys
         self._max_ordinal = 0
         self._bulk_anchors: list[str] | None = None  # load() packs the typo table once, at the end
+        self._generation = 0  # moves on every put and discard: what lookups answer may differ
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -54,6 +55,12 @@ class NameIndex:
     @property
     def max_ordinal(self) -> int:
         return self._max_ordinal
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever an entity is put or discarded, so a caller can tell whether a
+        decision made earlier still stands (packing the typo table changes no answer)."""
+        return self._generation
 
     def live(self, entity_id: str) -> Entity | None:
         """The entity at the end of entity_id's redirect chain (itself when not merged)."""
@@ -89,6 +96,7 @@ class NameIndex:
     def put(self, entity: Entity) -> None:
         """Add or replace an entity; only the names that changed are re-indexed."""
         eid = entity.entity_id
+        self._generation += 1
         old = self._entities.get(eid)
         self._entities[eid] = entity
         after = entity.names if entity.status is not Status.MERGED else ()
@@ -145,6 +153,7 @@ class NameIndex:
         self._variants.abandon(pack)
 
     def discard(self, entity_id: str) -> None:
+        self._generation += 1
         old = self._entities.pop(entity_id, None)
         if old is not None and old.status is not Status.MERGED:
             self._reindex(entity_id, old.names, ())

@@ -103,12 +103,23 @@ class ImportReport:
     errors: tuple[RecordError, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class _Prior:
+    """A decision already made for a mention, and the index generation it was made at: it
+    stands while the index has not changed since (decide() is a function of the index)."""
+
+    decision: Decision
+    index: NameIndex
+    generation: int
+
+
 @dataclass(slots=True)
 class _Pending:
     """One Resolve waiting for a shared transaction, and what became of it."""
 
     mention: Mention
     context_id: str
+    prior: _Prior | None = None
     result: ResolveResult | None = None
     error: BaseException | None = None
 
@@ -348,12 +359,13 @@ class IdentityService:
         m = self.parse_mention(mention, entity_type)
         if lookup_only:
             return self._answer(lambda: self._look(m))
+        prior = None
         if not context_id:
             # Most repeat mentions change nothing: answer them without taking the write lock.
-            unchanged = self._answer(lambda: self._converged_without_writes(m))
+            unchanged, prior = self._answer(lambda: self._converged_without_writes(m))
             if unchanged is not None:
                 return unchanged
-        return self._resolve_together(m, context_id)
+        return self._resolve_together(m, context_id, prior)
 
     def resolve_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
                       lookup_only: bool = False) -> list[ResolveResult | ItemError]:
@@ -395,7 +407,8 @@ class IdentityService:
 
         return self._write(work)
 
-    def _resolve_together(self, m: Mention, context_id: str) -> ResolveResult:
+    def _resolve_together(self, m: Mention, context_id: str,
+                          prior: _Prior | None = None) -> ResolveResult:
         """A writing Resolve, sharing one transaction with those queued meanwhile.
 
         While one thread holds the write lock, others queue their mentions; whichever thread
@@ -404,7 +417,7 @@ class IdentityService:
         its return, so the one-at-a-time outcome holds; the lock, the catch-up query and the
         commit are paid once per group instead of once per call.
         """
-        mine = _Pending(m, context_id)
+        mine = _Pending(m, context_id, prior)
         with self._waiting_lock:
             self._waiting.append(mine)
         with self._lock:
@@ -413,7 +426,8 @@ class IdentityService:
                     group, self._waiting = self._waiting, []
                 try:
                     results = self._write(
-                        lambda u: [self._resolve(u, p.mention, p.context_id) for p in group]
+                        lambda u: [self._resolve(u, p.mention, p.context_id, p.prior)
+                                   for p in group]
                     )
                 except BaseException as e:
                     for p in group:
@@ -426,8 +440,13 @@ class IdentityService:
             raise mine.error
         return mine.result
 
-    def _resolve(self, u: Unit, m: Mention, context_id: str) -> ResolveResult:
-        d = decide(self.index, m.display, m.entity_type)
+    def _resolve(self, u: Unit, m: Mention, context_id: str,
+                 prior: _Prior | None = None) -> ResolveResult:
+        if (prior is not None and prior.index is self.index
+                and prior.generation == self.index.generation):
+            d = prior.decision  # made by this call's lock-free look, and the index is unchanged
+        else:
+            d = decide(self.index, m.display, m.entity_type)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "decision mention=%r type=%s rule=%s outcome=%s candidates=%s",
@@ -468,17 +487,21 @@ class IdentityService:
         matched = d.best[0].matched_name if d.best else ""
         return _result(entity, MatchKind.NEW, True, linked, candidates, matched, m)
 
-    def _converged_without_writes(self, m: Mention) -> ResolveResult | None:
-        """The reply when resolving m would write nothing (no surface form, type or evidence)."""
-        d = decide(self.index, m.display, m.entity_type)
+    def _converged_without_writes(self, m: Mention) -> tuple[ResolveResult | None, _Prior]:
+        """The reply when resolving m would write nothing (no surface form, type or evidence),
+        else None; and the decision, which the write may reuse if the index stays unchanged."""
+        index = self.index
+        generation = index.generation
+        d = decide(index, m.display, m.entity_type)
+        prior = _Prior(d, index, generation)
         winner = d.winner
         if winner is None or not winner.entity.has_display(m.display):
-            return None
+            return None, prior
         e = winner.entity
         if _takes_type(e, m):
-            return None
+            return None, prior
         candidates = tuple(c.entity.entity_id for c in d.candidates)
-        return _result(e, d.match_kind, False, (), candidates, winner.matched_name, m)
+        return _result(e, d.match_kind, False, (), candidates, winner.matched_name, m), prior
 
     def _record_evidence(self, u: Unit, entity: Entity, m: Mention, context_id: str) -> Entity:
         """Evidence of the mention under its paper; promotes at the configured paper count."""
