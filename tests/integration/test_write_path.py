@@ -1,0 +1,118 @@
+"""The write path's shortcuts stay right: a Resolve reuses its lock-free decision only while the
+index is unchanged, and the SQLite store's kept write connection survives failures."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import identity_server.service as service_module
+from identity_server.domain import Entity, MatchKind, Name, NameKind, Status
+from identity_server.errors import StoreUnavailable
+from identity_server.index import NameIndex
+from identity_server.matching import Outcome
+from identity_server.service import IdentityService
+from identity_server.store.sql import ChangeRecord, SqlStore
+
+
+def test_a_write_reuses_the_decision_its_lock_free_look_made(
+    service: IdentityService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = service.resolve("Quorbex Transformer", "method")
+    calls = []
+    real = service_module.decide
+
+    def counting(*args: object) -> object:
+        calls.append(args[1])
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service_module, "decide", counting)
+    r = service.resolve("QUORBEX transformer", "method")  # a new surface form: a write
+    assert (r.entity_id, r.match_kind) == (made.entity_id, MatchKind.CASE)
+    assert calls == ["QUORBEX transformer"]  # decided once, not again under the write lock
+    assert "QUORBEX transformer" in service.get_entity(made.entity_id).surface_forms
+
+
+def test_a_decision_made_before_the_index_changed_is_made_again(
+    service: IdentityService,
+) -> None:
+    m = service.parse_mention("Vextral Autoencoder", "method")
+    unchanged, prior = service._converged_without_writes(m)
+    assert unchanged is None and prior.decision.outcome is Outcome.NEW
+    first = service.resolve("Vextral Autoencoder", "method")  # the index changes meanwhile
+    again = service._resolve_together(m, "", prior)
+    # Reusing the stale NEW decision would have made a second entity.
+    assert (again.entity_id, again.created, again.match_kind) == (
+        first.entity_id, False, MatchKind.EXACT)
+
+
+def test_index_generation_moves_on_put_and_discard() -> None:
+    index = NameIndex()
+    start = index.generation
+    index.put(Entity("Q1", "method", Status.CANONICAL, 1, names=(Name("Quorbex", NameKind.NAME, 0),)))
+    assert index.generation > start
+    before = index.generation
+    index.discard("Q1")
+    assert index.generation > before
+
+
+def _sqlite_store(path: Path, **kw: float) -> SqlStore:
+    return SqlStore(f"sqlite:///{path}", **kw)
+
+
+def _change(seq: int) -> ChangeRecord:
+    return ChangeRecord(seq, "created", f"P{seq}", "", {"name": f"n{seq}"}, 0.0)
+
+
+def _seqs(path: Path) -> list[int]:
+    with sqlite3.connect(path) as con:
+        return [r[0] for r in con.execute("SELECT seq FROM changes ORDER BY seq")]
+
+
+def test_the_kept_write_connection_survives_a_failed_write(tmp_path: Path) -> None:
+    db = tmp_path / "s.sqlite"
+    store = _sqlite_store(db)
+    try:
+        with store.write() as tx:
+            tx.append_changes([_change(1)])
+        with pytest.raises(RuntimeError), store.write() as tx:
+            tx.append_changes([_change(2)])
+            raise RuntimeError("the use case failed")
+        with store.write() as tx:
+            tx.append_changes([_change(3)])
+        assert _seqs(db) == [1, 3]  # the failed write left nothing; the next one committed
+    finally:
+        store.close()
+
+
+def test_a_busy_store_is_unavailable_and_the_next_write_works(tmp_path: Path) -> None:
+    db = tmp_path / "s.sqlite"
+    store = _sqlite_store(db, busy_timeout_s=0.1)
+    try:
+        with store.write() as tx:  # the kept connection is open before another process locks
+            tx.append_changes([_change(1)])
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreUnavailable, match="locked"), store.write() as tx:
+            tx.append_changes([_change(2)])
+        other.execute("ROLLBACK")
+        other.close()
+        with store.write() as tx:
+            tx.append_changes([_change(3)])
+        assert _seqs(db) == [1, 3]
+    finally:
+        store.close()
+
+
+def test_a_driver_error_in_a_hot_statement_is_a_store_error(tmp_path: Path) -> None:
+    db = tmp_path / "s.sqlite"
+    store = _sqlite_store(db)
+    try:
+        with sqlite3.connect(db) as con:  # another process breaks the schema under the server
+            con.execute("ALTER TABLE changes RENAME TO changes_gone")
+        with pytest.raises(StoreUnavailable, match="no such table"), store.write() as tx:
+            tx.append_changes([_change(1)])  # run on the driver's cursor, not SQLAlchemy's
+    finally:
+        store.close()
