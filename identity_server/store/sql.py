@@ -25,6 +25,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    make_url,
     or_,
     select,
     update,
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 _PG_LOCK_KEY = 0x1D_E7_17  # the advisory lock that serialises identity writes
 RETIRED = "retired"
+WAL_SIZE_LIMIT = 64 * 1024 * 1024  # a WAL file bigger than this is cut back when it starts over
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +79,12 @@ def ordered_pair(x: str, y: str) -> tuple[str, str]:
 class SqlStore:
     """Owns the engine; hands out read and locked write transactions."""
 
-    def __init__(self, url: str, *, busy_timeout_s: float = 60.0) -> None:
+    def __init__(self, url: str, *, busy_timeout_s: float = 60.0,
+                 checkpoint_every_s: float = 1.0) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         self._watch: sqlite3.Connection | None = None
+        self._checkpointer: _Checkpointer | None = None
         self._watch_lock = threading.Lock()
         # SQLite: one connection kept for every write of this process (writes are serialised
         # anyway), instead of a pool checkout, begin and return per transaction: a third of a
@@ -93,15 +97,20 @@ class SqlStore:
                     url,
                     connect_args={"timeout": busy_timeout_s, "check_same_thread": False},
                 )
-                _configure_sqlite(self.engine)
+                _configure_sqlite(self.engine, checkpoint_in_background=self._file() is not None)
             else:
                 self.engine = create_engine(url, pool_pre_ping=True, pool_size=8)
             t.metadata.create_all(self.engine)
             self._watch = self._open_watch()
-        except SQLAlchemyError as e:
+            database = self._file()
+            if database is not None:
+                self._checkpointer = _Checkpointer(database, checkpoint_every_s)
+        except (SQLAlchemyError, sqlite3.Error) as e:
             raise StoreUnavailable(f"cannot open the identity store at {_safe(url)}: {e}") from e
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         if self._watch is not None:
             self._watch.close()
         with self._writer_lock:
@@ -126,9 +135,16 @@ class SqlStore:
         with self.read() as tx:
             return tx.max_seq()
 
+    def _file(self) -> str | None:
+        """The SQLite database file, or None (PostgreSQL, or SQLite in memory)."""
+        if not self.is_sqlite:
+            return None
+        database = make_url(self.url).database
+        return database if database and database != ":memory:" else None
+
     def _open_watch(self) -> sqlite3.Connection | None:
-        database = self.engine.url.database
-        if not self.is_sqlite or not database or database == ":memory:":
+        database = self._file()
+        if database is None:
             return None
         return sqlite3.connect(database, check_same_thread=False, isolation_level=None)
 
@@ -198,8 +214,9 @@ def _operational_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def _configure_sqlite(engine: Engine) -> None:
-    """WAL, a busy timeout, and transactions we begin ourselves (IMMEDIATE for writers)."""
+def _configure_sqlite(engine: Engine, *, checkpoint_in_background: bool) -> None:
+    """WAL, a busy timeout, and transactions we begin ourselves (IMMEDIATE for writers); with
+    a background checkpointer, no checkpoint inside a commit."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -208,11 +225,49 @@ def _configure_sqlite(engine: Engine) -> None:
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
+        if checkpoint_in_background:
+            cur.execute("PRAGMA wal_autocheckpoint=0")
+            cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         cur.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("write") else "BEGIN")
+
+
+class _Checkpointer:
+    """Copies a SQLite WAL's committed pages into the database file from a thread of its own.
+
+    SQLite's automatic checkpoint runs inside whichever commit takes the WAL past 1,000 pages,
+    with the write lock held and the file synced: every writer waits for it (a seventh of a
+    ResolveBatch's time). A PASSIVE checkpoint on another connection blocks no reader and no
+    writer, and once it has copied everything, the next writer starts the WAL over.
+    """
+
+    def __init__(self, database: str, every_s: float) -> None:
+        self._conn = sqlite3.connect(database, check_same_thread=False, isolation_level=None)
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stop.wait(self._every_s):
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error:
+                if not failing:  # once per run of failures, not once a second
+                    logger.warning("checkpointing the store's WAL failed; it keeps growing "
+                                   "until a checkpoint succeeds", exc_info=True)
+                failing = True
+            else:
+                failing = False
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        self._conn.close()
 
 
 def _safe(url: str) -> str:

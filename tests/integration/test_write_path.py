@@ -4,6 +4,8 @@ index is unchanged, and the SQLite store's kept write connection survives failur
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -114,5 +116,46 @@ def test_a_driver_error_in_a_hot_statement_is_a_store_error(tmp_path: Path) -> N
             con.execute("ALTER TABLE changes RENAME TO changes_gone")
         with pytest.raises(StoreUnavailable, match="no such table"), store.write() as tx:
             tx.append_changes([_change(1)])  # run on the driver's cursor, not SQLAlchemy's
+    finally:
+        store.close()
+
+
+def _in_database_file(path: Path) -> list[int]:
+    """Change seqs in the database file itself, ignoring the WAL (what a checkpoint copied)."""
+    con = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    try:
+        return [r[0] for r in con.execute("SELECT seq FROM changes ORDER BY seq")]
+    except sqlite3.OperationalError:  # not even the tables are in the file yet
+        return []
+    finally:
+        con.close()
+
+
+def test_commits_are_checkpointed_in_the_background_not_in_the_commit(tmp_path: Path) -> None:
+    db = tmp_path / "s.sqlite"
+    store = _sqlite_store(db, checkpoint_every_s=0.05)
+    try:
+        with store.write() as tx:
+            assert tx.conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
+            tx.append_changes([_change(1)])
+        deadline = time.monotonic() + 10
+        while _in_database_file(db) != [1] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _in_database_file(db) == [1]  # copied out of the WAL without another commit
+    finally:
+        store.close()
+    assert not any(t.name == "sqlite-checkpoint" and t.is_alive() for t in threading.enumerate())
+
+
+def test_without_the_background_checkpointer_commits_stay_in_the_wal(tmp_path: Path) -> None:
+    """The check above can fail: a store whose checkpointer waits leaves the file as it was."""
+    db = tmp_path / "s.sqlite"
+    store = _sqlite_store(db, checkpoint_every_s=3600)
+    try:
+        with store.write() as tx:
+            tx.append_changes([_change(1)])
+        time.sleep(0.2)
+        assert _in_database_file(db) == []
+        assert _seqs(db) == [1]
     finally:
         store.close()
