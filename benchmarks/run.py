@@ -37,10 +37,12 @@ def profile(quick: bool) -> dict[str, Any]:
     if quick:
         return {"core_sizes": [10_000, 100_000], "grpc_n": 100_000, "papers": 1_000,
                 "ingest_n": 100_000, "per_kind": 300, "repeats": 3, "scan_queries": 5,
-                "batch_items": 600, "batch_rounds": 3, "unary_calls": 800, "unary_rounds": 3}
+                "batch_items": 600, "batch_rounds": 3, "unary_calls": 800, "unary_rounds": 3,
+                "ingest_repeats": 1}
     return {"core_sizes": [10_000, 100_000, 1_000_000], "grpc_n": 1_000_000, "papers": 10_000,
             "ingest_n": 100_000, "per_kind": 1000, "repeats": 5, "scan_queries": 15,
-            "batch_items": 2000, "batch_rounds": 5, "unary_calls": 2000, "unary_rounds": 5}
+            "batch_items": 2000, "batch_rounds": 5, "unary_calls": 2000, "unary_rounds": 5,
+            "ingest_repeats": 3}
 
 
 def machine() -> dict[str, str]:
@@ -120,7 +122,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
 
     # Goal 5.
     rows += bench_ingest.run(papers, stores[p["ingest_n"]], work / "ingest",
-                             n_papers=p["papers"], timeout_s=900)
+                             n_papers=p["papers"], timeout_s=900, repeats=p["ingest_repeats"])
     step("ingest")
     rows.sort(key=lambda r: r.benchmark.split()[0])
     return {"date": stamp, "machine": machine(), "quick": args.quick,
