@@ -3,14 +3,16 @@
 Read-mostly mix without a context id: 85% existing names (55% exact, 10% case, 10% punctuation,
 10% alias), 10% single typos, 5% new names. The same requests go to the identity server and to
 the echo service; the figure is the median of the rounds' calls/s, with p50 and p99 latency over
-all calls of all rounds.
+all calls of all rounds. Beside it, a report row: the echo again with 10, 20 and 100 µs of pure
+Python per call before its canned reply, which shows how much of the gap any handler work of that
+size opens (the bound of goal 2 for a Python handler).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks.common import Row, drive, fmt_rate, median, percentile
+from benchmarks.common import Row, drive, echo_server, fmt_rate, median, percentile
 from benchmarks.data import Stored, mention_mix
 from benchmarks.grpc_load import Client, unary_requests
 
@@ -35,8 +37,34 @@ def measure(client: Client, pool: Sequence[Stored], *, calls: int, rounds: int,
             "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3}
 
 
+def handler_cost(echo: Client, pool: Sequence[Stored], *, calls: int, rounds: int,
+                 busy_us: Sequence[float], time_cap_s: float) -> Row:
+    """Echo servers whose handler first spends `busy_us` of pure Python per call, each measured
+    right after the plain echo: what a handler's own work of that size costs the gRPC stack
+    (goal 2's bound). A ratio is busy / plain of its own pair, so drift between pairs cancels."""
+    ratios: dict[float, float] = {}
+    data: dict[str, object] = {}
+    for us in busy_us:
+        plain = measure(echo, pool, calls=calls, rounds=rounds, time_cap_s=time_cap_s)
+        with echo_server(us) as srv, Client(srv.address) as busy:
+            drive(busy.resolve, unary_requests(mention_mix(pool, 300, MIX, seed=97)),
+                  concurrency=CALLERS)
+            got = measure(busy, pool, calls=calls, rounds=rounds, time_cap_s=time_cap_s)
+        ratios[us] = float(got["calls_per_s"]) / float(plain["calls_per_s"])  # type: ignore[arg-type]
+        data[f"{us:g}"] = {"busy": got, "plain": plain}
+    middle = sorted(busy_us)[len(busy_us) // 2]
+    return Row(
+        "2 unary bound",
+        f"the echo with {', '.join(f'{us:g}' for us in busy_us)} µs of pure-Python work per call "
+        f"before replying vs the plain echo just before, {CALLERS} callers, same mix: what "
+        f"handler work costs the gRPC stack (ratio: {middle:g} µs)",
+        ", ".join(f"+{us:g} µs: {ratios[us]:.2f}x" for us in busy_us),
+        "the plain echo", ratios[middle], "report", None, data)
+
+
 def run(server: Client, echo: Client, pool: Sequence[Stored], *, n_entities: int, calls: int,
-        rounds: int, time_cap_s: float = 30.0) -> list[Row]:
+        rounds: int, time_cap_s: float = 30.0,
+        busy_us: Sequence[float] = (10, 20, 100)) -> list[Row]:
     warm = unary_requests(mention_mix(pool, 300, MIX, seed=98))
     drive(server.resolve, warm, concurrency=CALLERS)
     drive(echo.resolve, warm, concurrency=CALLERS)
@@ -50,4 +78,6 @@ def run(server: Client, echo: Client, pool: Sequence[Stored], *, n_entities: int
         f"p50 {got['p50_ms']:.2f} ms p99 {got['p99_ms']:.2f} ms",
         f"echo {fmt_rate(float(base['calls_per_s']), ' calls/s')} "  # type: ignore[arg-type]
         f"p50 {base['p50_ms']:.2f} ms p99 {base['p99_ms']:.2f} ms",
-        ratio, f">= {GOAL_RATIO}x echo", ratio >= GOAL_RATIO, {"server": got, "echo": base})]
+        ratio, f">= {GOAL_RATIO}x echo", ratio >= GOAL_RATIO, {"server": got, "echo": base}),
+        handler_cost(echo, pool, calls=calls, rounds=rounds, busy_us=busy_us,
+                     time_cap_s=time_cap_s)]

@@ -203,8 +203,9 @@ def identity_server(db: Path) -> ServerProcess:
                          name="identity-server")
 
 
-def echo_server() -> ServerProcess:
-    return ServerProcess([sys.executable, "-m", "benchmarks.echo", "--port", "0"], name="echo")
+def echo_server(busy_us: float = 0.0) -> ServerProcess:
+    return ServerProcess([sys.executable, "-m", "benchmarks.echo", "--port", "0",
+                          "--busy-us", str(busy_us)], name="echo")
 
 
 def child_env() -> dict[str, str]:

@@ -6,7 +6,8 @@ as a real one (an entity id, status, kind, two candidates, the names, the type a
 display form), but no matching and no store: it measures the ceiling of the gRPC stack itself.
 
 Run as its own process like the real server: `python -m benchmarks.echo --port 0` prints
-`listening on 127.0.0.1:PORT` and serves until SIGTERM.
+`listening on 127.0.0.1:PORT` and serves until SIGTERM. `--busy-us N` makes each mention cost N
+µs of pure Python first: what any handler work of that size costs the stack (goal 2's bound).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -24,8 +26,15 @@ from identity_server.server import GRPC_OPTIONS
 from identity_server.settings import Settings
 
 
+_BUSY_S = 0.0  # --busy-us: pure-Python work per mention before the canned reply
+
+
 def canned(mention: str, entity_type: str) -> pb.ResolveResponse:
     """A reply shaped like a converged resolve of `mention`."""
+    if _BUSY_S:
+        end = time.perf_counter() + _BUSY_S
+        while time.perf_counter() < end:  # holds the GIL, as a Python handler's own work does
+            pass
     return pb.ResolveResponse(
         entity_id="E000123456", status=pb.CANONICAL, match_kind=pb.EXACT, created=False,
         candidates=["E000123456"], name=mention, matched_name=mention,
@@ -60,7 +69,12 @@ def start_echo(port: int = 0) -> tuple[grpc.Server, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description="echo baseline of IdentityService")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--busy-us", type=float, default=0.0,
+                        help="microseconds of pure-Python work per mention before replying "
+                             "(measures what a handler's own work costs the gRPC stack)")
     args = parser.parse_args()
+    global _BUSY_S
+    _BUSY_S = args.busy_us / 1e6
     server, port = start_echo(args.port)
     print(f"listening on 127.0.0.1:{port}", flush=True)
     stop = threading.Event()
