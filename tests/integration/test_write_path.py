@@ -6,6 +6,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -60,12 +62,19 @@ def test_index_generation_moves_on_put_and_discard() -> None:
     assert index.generation > before
 
 
-def _sqlite_store(path: Path, **kw: float) -> SqlStore:
-    return SqlStore(f"sqlite:///{path}", **kw)
+@contextmanager
+def _store(tmp_path: Path, **kw: float) -> Iterator[tuple[SqlStore, Path]]:
+    db = tmp_path / "s.sqlite"
+    store = SqlStore(f"sqlite:///{db}", **kw)
+    try:
+        yield store, db
+    finally:
+        store.close()
 
 
-def _change(seq: int) -> ChangeRecord:
-    return ChangeRecord(seq, "created", f"P{seq}", "", {"name": f"n{seq}"}, 0.0)
+def _commit(store: SqlStore, seq: int) -> None:
+    with store.write() as tx:
+        tx.append_changes([ChangeRecord(seq, "created", f"P{seq}", "", {"name": f"n{seq}"}, 0.0)])
 
 
 def _seqs(path: Path) -> list[int]:
@@ -74,50 +83,33 @@ def _seqs(path: Path) -> list[int]:
 
 
 def test_the_kept_write_connection_survives_a_failed_write(tmp_path: Path) -> None:
-    db = tmp_path / "s.sqlite"
-    store = _sqlite_store(db)
-    try:
-        with store.write() as tx:
-            tx.append_changes([_change(1)])
-        with pytest.raises(RuntimeError), store.write() as tx:
-            tx.append_changes([_change(2)])
+    with _store(tmp_path) as (store, db):
+        _commit(store, 1)
+        with pytest.raises(RuntimeError), store.write():
             raise RuntimeError("the use case failed")
-        with store.write() as tx:
-            tx.append_changes([_change(3)])
+        _commit(store, 3)
         assert _seqs(db) == [1, 3]  # the failed write left nothing; the next one committed
-    finally:
-        store.close()
 
 
 def test_a_busy_store_is_unavailable_and_the_next_write_works(tmp_path: Path) -> None:
-    db = tmp_path / "s.sqlite"
-    store = _sqlite_store(db, busy_timeout_s=0.1)
-    try:
-        with store.write() as tx:  # the kept connection is open before another process locks
-            tx.append_changes([_change(1)])
+    with _store(tmp_path, busy_timeout_s=0.1) as (store, db):
+        _commit(store, 1)  # the kept connection is open before another process locks
         other = sqlite3.connect(db, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
-        with pytest.raises(StoreUnavailable, match="locked"), store.write() as tx:
-            tx.append_changes([_change(2)])
+        with pytest.raises(StoreUnavailable, match="locked"):
+            _commit(store, 2)
         other.execute("ROLLBACK")
         other.close()
-        with store.write() as tx:
-            tx.append_changes([_change(3)])
+        _commit(store, 3)
         assert _seqs(db) == [1, 3]
-    finally:
-        store.close()
 
 
 def test_a_driver_error_in_a_hot_statement_is_a_store_error(tmp_path: Path) -> None:
-    db = tmp_path / "s.sqlite"
-    store = _sqlite_store(db)
-    try:
+    with _store(tmp_path) as (store, db):
         with sqlite3.connect(db) as con:  # another process breaks the schema under the server
             con.execute("ALTER TABLE changes RENAME TO changes_gone")
-        with pytest.raises(StoreUnavailable, match="no such table"), store.write() as tx:
-            tx.append_changes([_change(1)])  # run on the driver's cursor, not SQLAlchemy's
-    finally:
-        store.close()
+        with pytest.raises(StoreUnavailable, match="no such table"):
+            _commit(store, 1)  # the change row goes through the driver's cursor
 
 
 def _in_database_file(path: Path) -> list[int]:
@@ -132,30 +124,21 @@ def _in_database_file(path: Path) -> list[int]:
 
 
 def test_commits_are_checkpointed_in_the_background_not_in_the_commit(tmp_path: Path) -> None:
-    db = tmp_path / "s.sqlite"
-    store = _sqlite_store(db, checkpoint_every_s=0.05)
-    try:
+    with _store(tmp_path, checkpoint_every_s=0.05) as (store, db):
         with store.write() as tx:
             assert tx.conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
-            tx.append_changes([_change(1)])
+        _commit(store, 1)
         deadline = time.monotonic() + 10
         while _in_database_file(db) != [1] and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _in_database_file(db) == [1]  # copied out of the WAL without another commit
-    finally:
-        store.close()
     assert not any(t.name == "sqlite-checkpoint" and t.is_alive() for t in threading.enumerate())
 
 
 def test_without_the_background_checkpointer_commits_stay_in_the_wal(tmp_path: Path) -> None:
     """The check above can fail: a store whose checkpointer waits leaves the file as it was."""
-    db = tmp_path / "s.sqlite"
-    store = _sqlite_store(db, checkpoint_every_s=3600)
-    try:
-        with store.write() as tx:
-            tx.append_changes([_change(1)])
+    with _store(tmp_path, checkpoint_every_s=3600) as (store, db):
+        _commit(store, 1)
         time.sleep(0.2)
         assert _in_database_file(db) == []
         assert _seqs(db) == [1]
-    finally:
-        store.close()
