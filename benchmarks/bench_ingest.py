@@ -194,16 +194,15 @@ def duckdb_ceiling(papers: Path, work: Path, *, group: int = 500) -> dict[str, A
 def run_pair(papers: Path, store: Path, work: Path, *, separate: bool,
              timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """One ingest run and, right after it, its baseline, each over a fresh copy of the store."""
-    mode = "separate" if separate else "embedded"
     if separate:
         with identity_server(copy_store(store, work / "ingest-separate.sqlite")) as srv:
             got = run_ingest(papers, work, store=None, server=srv.address, timeout_s=timeout_s)
         with identity_server(copy_store(store, work / "calls-separate.sqlite")) as srv:
             base = run_calls(papers, store=None, server=srv.address, timeout_s=timeout_s)
     else:
-        got = run_ingest(papers, work, store=copy_store(store, work / f"ingest-{mode}.sqlite"),
+        got = run_ingest(papers, work, store=copy_store(store, work / "ingest-embedded.sqlite"),
                          server=None, timeout_s=timeout_s)
-        base = run_calls(papers, store=copy_store(store, work / f"calls-{mode}.sqlite"),
+        base = run_calls(papers, store=copy_store(store, work / "calls-embedded.sqlite"),
                          server=None, timeout_s=timeout_s)
     return got, base
 
