@@ -56,7 +56,9 @@ _FOLLOW_POLL_S = 0.2
 
 
 def _rpc(*, admin: bool = False) -> Callable[[F], F]:
-    """Checks the admin token, maps domain errors to status codes, logs one line per call."""
+    """Checks the admin token, maps domain errors to status codes, logs one line per call: at
+    info for admin calls and failed ones, at debug for the rest (at thousands of resolves a
+    second, a line each cost a fifth of the server's throughput)."""
 
     def wrap(method: F) -> F:
         name = method.__name__
@@ -77,10 +79,12 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
                 logger.exception("%s failed", name)
                 context.abort(code, "internal error; the server log has the details")
             finally:
-                logger.info(
-                    "rpc method=%s count=%d duration_ms=%.2f code=%s",
-                    name, _count(request), (time.perf_counter() - start) * 1e3, code.name,
-                )
+                level = logging.INFO if admin or code is not grpc.StatusCode.OK else logging.DEBUG
+                if logger.isEnabledFor(level):
+                    logger.log(
+                        level, "rpc method=%s count=%d duration_ms=%.2f code=%s",
+                        name, _count(request), (time.perf_counter() - start) * 1e3, code.name,
+                    )
 
         return handler  # type: ignore[return-value]
 

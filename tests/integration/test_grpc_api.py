@@ -7,6 +7,7 @@ state a test sees is only what it made. Every call carries a deadline.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
@@ -852,3 +853,26 @@ def test_a_server_without_admin_token_refuses_admin_rpcs(db_url: str) -> None:
             assert get(stub, made).status == pb.PROVISIONAL
     finally:
         running.stop(grace=0)
+
+
+# -- access log ------------------------------------------------------------------------------------
+
+
+def test_each_call_is_logged_admin_and_failed_ones_at_info(
+    stub: Stub, caplog: pytest.LogCaptureFixture
+) -> None:
+    def rpc_lines() -> list[tuple[int, str]]:
+        return [(r.levelno, r.getMessage()) for r in caplog.records
+                if r.name == "identity_server.servicer" and r.getMessage().startswith("rpc ")]
+
+    with caplog.at_level(logging.DEBUG, logger="identity_server.servicer"):
+        made = resolve(stub, "Quorbex Transformer", "method")
+        with pytest.raises(grpc.RpcError):
+            resolve(stub, "   ")
+        stub.Promote(pb.PromoteRequest(entity_id=made.entity_id), metadata=ADMIN, timeout=T)
+    lines = rpc_lines()
+    assert [(level, msg.split()[1], msg.split()[-1]) for level, msg in lines] == [
+        (logging.DEBUG, "method=Resolve", "code=OK"),
+        (logging.INFO, "method=Resolve", "code=INVALID_ARGUMENT"),
+        (logging.INFO, "method=Promote", "code=OK"),
+    ]
