@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from identity_server.authority import AuthorityRecord, RecordError, parse_authority
@@ -115,13 +115,15 @@ class _Prior:
 
 @dataclass(slots=True)
 class _Pending:
-    """One Resolve waiting for a shared transaction, and what became of it."""
+    """One Resolve waiting for a shared transaction, and what became of it. `done` is set when
+    its result or error is in, or when the leader hands it the lead (both still None)."""
 
     mention: Mention
     context_id: str
     prior: _Prior | None = None
     result: ResolveResult | None = None
     error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +154,7 @@ class IdentityService:
         self._index_version = 0
         self._settled_marker: int | None = None  # store.commit_marker() the index is current at
         self._waiting: list[_Pending] = []  # resolves queued for the next shared transaction
+        self._leading = False  # a thread is resolving a group (under _waiting_lock)
         self._waiting_lock = threading.Lock()
         self._known_papers: dict[str, set[str]] = {}
         self._batches_written = 0
@@ -411,34 +414,52 @@ class IdentityService:
                           prior: _Prior | None = None) -> ResolveResult:
         """A writing Resolve, sharing one transaction with those queued meanwhile.
 
-        While one thread holds the write lock, others queue their mentions; whichever thread
-        takes the lock next resolves every queued mention, one at a time in queue order, in a
-        single transaction (group commit). Each call still takes effect between its start and
-        its return, so the one-at-a-time outcome holds; the lock, the catch-up query and the
-        commit are paid once per group instead of once per call.
+        Group commit with a leader: the first caller to find no group under way leads; callers
+        arriving meanwhile queue and wait on their own event. The leader resolves everything
+        queued, one at a time in queue order, in a single transaction; sets each result; and
+        hands the lead to the first caller queued since, if any. Each call still takes effect
+        between its start and its return, so the one-at-a-time outcome holds; the lock, the
+        catch-up query and the commit are paid once per group instead of once per call, and a
+        finished caller returns at once instead of queueing for the lock behind the next group.
         """
         mine = _Pending(m, context_id, prior)
         with self._waiting_lock:
             self._waiting.append(mine)
-        with self._lock:
+            lead = not self._leading
+            self._leading = True
+        if not lead:
+            mine.done.wait()
             if mine.result is None and mine.error is None:
-                with self._waiting_lock:
-                    group, self._waiting = self._waiting, []
-                try:
-                    results = self._write(
-                        lambda u: [self._resolve(u, p.mention, p.context_id, p.prior)
-                                   for p in group]
-                    )
-                except BaseException as e:
-                    for p in group:
-                        p.error = e
-                    raise
-                for p, result in zip(group, results, strict=True):
-                    p.result = result
-        if mine.result is None:
-            assert mine.error is not None
+                lead = True  # handed the lead: mine is still queued
+        if lead:
+            self._resolve_group()
+        if mine.error is not None:
             raise mine.error
+        assert mine.result is not None
         return mine.result
+
+    def _resolve_group(self) -> None:
+        """As the leader: resolve every queued mention in one transaction, then pass the lead."""
+        with self._waiting_lock:
+            group, self._waiting = self._waiting, []
+        try:
+            results = self._write(
+                lambda u: [self._resolve(u, p.mention, p.context_id, p.prior) for p in group]
+            )
+            for p, result in zip(group, results, strict=True):
+                p.result = result
+        except BaseException as e:
+            for p in group:
+                p.error = e
+            raise  # the leader's own mention is in the group: its call fails with the rest
+        finally:
+            with self._waiting_lock:
+                successor = self._waiting[0] if self._waiting else None
+                self._leading = successor is not None
+            for p in group:
+                p.done.set()
+            if successor is not None:
+                successor.done.set()
 
     def _resolve(self, u: Unit, m: Mention, context_id: str,
                  prior: _Prior | None = None) -> ResolveResult:
