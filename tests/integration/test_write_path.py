@@ -142,3 +142,78 @@ def test_without_the_background_checkpointer_commits_stay_in_the_wal(tmp_path: P
         time.sleep(0.2)
         assert _in_database_file(db) == []
         assert _seqs(db) == [1]
+
+
+def _queue_behind_a_held_leader(
+    service: IdentityService, monkeypatch: pytest.MonkeyPatch, mentions: list[str]
+) -> tuple[list[object], list[int], threading.Event, list[threading.Thread]]:
+    """Start 'Leader Mention' and hold its group open, then queue `mentions` behind it."""
+    gate = threading.Event()
+    groups: list[int] = []
+    real_write = service._write
+
+    def held_write(work):  # type: ignore[no-untyped-def]
+        groups.append(len(service._waiting))  # nothing queued at the start of a group's write
+        if len(groups) == 1:
+            assert gate.wait(10)
+        return real_write(work)
+
+    monkeypatch.setattr(service, "_write", held_write)
+    outcomes: list[object] = [None] * (len(mentions) + 1)
+
+    def call(i: int, text: str) -> None:
+        try:
+            outcomes[i] = service.resolve(text, "method")
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=call, args=(0, "Leader Mention"), daemon=True)]
+    threads[0].start()
+    while not groups:
+        time.sleep(0.001)
+    for i, text in enumerate(mentions, start=1):
+        threads.append(threading.Thread(target=call, args=(i, text), daemon=True))
+        threads[-1].start()
+    deadline = time.monotonic() + 10
+    while len(service._waiting) < len(mentions) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert len(service._waiting) == len(mentions)
+    return outcomes, groups, gate, threads
+
+
+def test_callers_queued_behind_a_group_are_resolved_together_by_the_next_leader(
+    service: IdentityService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcomes, groups, gate, threads = _queue_behind_a_held_leader(
+        service, monkeypatch, ["Vextral Autoencoder", "Quorbex Transformer"])
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert groups == [0, 0]  # two transactions: the leader's own, then both queued callers'
+    names = [r.name for r in outcomes]  # type: ignore[attr-defined]
+    assert names == ["Leader Mention", "Vextral Autoencoder", "Quorbex Transformer"]
+    assert all(r.created for r in outcomes)  # type: ignore[attr-defined]
+    assert service._waiting == [] and not service._leading
+
+
+def test_a_failed_group_fails_each_of_its_callers_and_the_next_call_leads(
+    service: IdentityService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_resolve = service._resolve
+
+    def failing(u, m, context_id, prior=None):  # type: ignore[no-untyped-def]
+        if m.display == "Broken Mention":
+            raise RuntimeError("the store went away")
+        return real_resolve(u, m, context_id, prior)
+
+    monkeypatch.setattr(service, "_resolve", failing)
+    outcomes, _, gate, threads = _queue_behind_a_held_leader(
+        service, monkeypatch, ["Broken Mention", "Quorbex Transformer"])
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert outcomes[0].created  # type: ignore[union-attr]
+    assert [str(e) for e in outcomes[1:]] == ["the store went away"] * 2  # one transaction
+    assert service._waiting == [] and not service._leading
+    after = service.resolve("Quorbex Transformer", "method")
+    assert after.created  # the failed group wrote nothing, and the next caller led
