@@ -91,19 +91,19 @@ class SqlStore:
         # small write transaction's cost.
         self._writer: Connection | None = None
         self._writer_lock = threading.Lock()
+        database = _sqlite_file(url)  # None: PostgreSQL, or SQLite in memory
         try:
             if self.is_sqlite:
                 self.engine: Engine = create_engine(
                     url,
                     connect_args={"timeout": busy_timeout_s, "check_same_thread": False},
                 )
-                _configure_sqlite(self.engine, checkpoint_in_background=self._file() is not None)
+                _configure_sqlite(self.engine, checkpoint_in_background=database is not None)
             else:
                 self.engine = create_engine(url, pool_pre_ping=True, pool_size=8)
             t.metadata.create_all(self.engine)
-            self._watch = self._open_watch()
-            database = self._file()
             if database is not None:
+                self._watch = _side_connection(database)
                 self._checkpointer = _Checkpointer(database, checkpoint_every_s)
         except (SQLAlchemyError, sqlite3.Error) as e:
             raise StoreUnavailable(f"cannot open the identity store at {_safe(url)}: {e}") from e
@@ -134,19 +134,6 @@ class SqlStore:
             return int(row[0])
         with self.read() as tx:
             return tx.max_seq()
-
-    def _file(self) -> str | None:
-        """The SQLite database file, or None (PostgreSQL, or SQLite in memory)."""
-        if not self.is_sqlite:
-            return None
-        database = make_url(self.url).database
-        return database if database and database != ":memory:" else None
-
-    def _open_watch(self) -> sqlite3.Connection | None:
-        database = self._file()
-        if database is None:
-            return None
-        return sqlite3.connect(database, check_same_thread=False, isolation_level=None)
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
@@ -203,6 +190,20 @@ class SqlStore:
                 logger.warning("closing the store's write connection failed", exc_info=True)
 
 
+def _sqlite_file(url: str) -> str | None:
+    """The SQLite database file of a store URL, or None (PostgreSQL, or SQLite in memory)."""
+    if not url.startswith("sqlite"):
+        return None
+    database = make_url(url).database
+    return database if database and database != ":memory:" else None
+
+
+def _side_connection(database: str) -> sqlite3.Connection:
+    """A plain sqlite3 connection beside the engine's, in autocommit (the change watch, the
+    checkpointer): it never begins a transaction of its own."""
+    return sqlite3.connect(database, check_same_thread=False, isolation_level=None)
+
+
 def _operational_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [sqlite3.OperationalError]
     try:
@@ -245,7 +246,7 @@ class _Checkpointer:
     """
 
     def __init__(self, database: str, every_s: float) -> None:
-        self._conn = sqlite3.connect(database, check_same_thread=False, isolation_level=None)
+        self._conn = _side_connection(database)
         self._every_s = every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
@@ -349,11 +350,15 @@ class Tx:
             _STATEMENTS[is_sqlite] = _Statements(is_sqlite)
         self._sql = _STATEMENTS[is_sqlite]
 
-    def _driver_many(self, sql: str, rows: list[dict[str, Any]]) -> None:
-        """One statement for many rows on the driver connection, in this transaction."""
+    def _driver(self) -> Any:
+        """The driver's own connection under this transaction (sqlite3 or psycopg)."""
         raw = self.conn.connection.driver_connection
         assert raw is not None
-        cursor = raw.cursor()
+        return raw
+
+    def _driver_many(self, sql: str, rows: list[dict[str, Any]]) -> None:
+        """One statement for many rows on the driver connection, in this transaction."""
+        cursor = self._driver().cursor()
         try:
             cursor.executemany(sql, rows)
         finally:
@@ -411,8 +416,7 @@ class Tx:
 
     def _stream(self, sql: str, batch: int, name: str) -> Iterator[tuple[Any, ...]]:
         """Rows of one query in this transaction, fetched `batch` at a time."""
-        raw = self.conn.connection.driver_connection
-        assert raw is not None
+        raw = self._driver()
         # psycopg streams only from a named (server-side) cursor; sqlite3 always streams.
         cursor = raw.cursor() if self._is_sqlite else raw.cursor(name=name)
         try:
