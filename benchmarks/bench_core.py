@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def run_child(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: in
         argv += ["--cap-bytes", str(cap_bytes)]
     started = time.perf_counter()
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+        proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
                               env=child_env())
     except subprocess.TimeoutExpired:
         return {"n": n, "fit": False, "error": f"timed out after {timeout_s:.0f} s"}
@@ -123,11 +124,11 @@ def measure(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int)
             "SELECT display FROM names WHERE kind IN ('name', 'alias')")]
         con.close()
         queries = [key(display_form(t)) for t, _ in mentions["typo"][:scan_queries]]
-        times = []
+        times: list[float] = []
         for q in queries:
-            a = time.perf_counter()
+            began = time.perf_counter()
             process.extract(q, keys, scorer=Levenshtein.distance, score_cutoff=1, limit=None)
-            times.append((time.perf_counter() - a) * 1e6)
+            times.append((time.perf_counter() - began) * 1e6)
         scan_us = median(times)
         del keys
     return {
@@ -218,13 +219,13 @@ def rows(points: list[dict[str, Any]], *, at: int, point_10m: dict[str, Any] | N
     if main is None:
         return [Row("3 core", "matching core", "failed", "", None, "", False,
                     {"points": points})]
-    scan_rate = 1e6 / main["scan_us"] if main["scan_us"] == main["scan_us"] else float("nan")
+    scan_rate = float("nan") if math.isnan(main["scan_us"]) else 1e6 / main["scan_us"]
     for kind in KIND_LABELS:
         rate = main["rates"][kind]
         out.append(Row(
             f"3 core {kind}", f"decide() over NameIndex, {kind} mentions, {at:,} entities",
             fmt_rate(rate, " resolves/s"), f"rapidfuzz scan {fmt_rate(scan_rate, '/s')}",
-            rate / scan_rate if scan_rate == scan_rate else None, "report", None,
+            None if math.isnan(scan_rate) else rate / scan_rate, "report", None,
             {"rate": rate, "kinds_seen": main["kinds_seen"][kind]}))
     sizes = sorted(ok)
     smallest = ok[sizes[0]]

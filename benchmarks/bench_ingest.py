@@ -43,9 +43,7 @@ def _concurrency(separate: bool) -> int:
     """ingest's default papers in flight for this mode (passed to both sides explicitly)."""
     from ingest.settings import Settings
 
-    settings = Settings(server="127.0.0.1:1" if separate else None)
-    effective = getattr(settings, "effective_concurrency", None)
-    return int(effective() if effective is not None else settings.concurrency)
+    return Settings(server="127.0.0.1:1" if separate else None).effective_concurrency()
 
 
 def run_ingest(papers: Path, work: Path, *, store: Path | None, server: str | None,
@@ -89,7 +87,7 @@ def run_calls(papers: Path, *, store: Path | None, server: str | None,
     argv = [sys.executable, "-m", "benchmarks.bench_ingest", "--calls", str(papers),
             "--concurrency", str(_concurrency(server is not None))]
     argv += ["--server", server] if server else ["--embedded-db", f"sqlite:///{store}"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+    proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
                           env=child_env())
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -217,9 +215,9 @@ def run(papers: Path, store: Path, work: Path, *, n_papers: int, timeout_s: floa
     pairs: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {"embedded": [],
                                                                      "separate": []}
     for _ in range(repeats):
-        for mode in pairs:
-            pairs[mode].append(run_pair(papers, store, work, separate=mode == "separate",
-                                        timeout_s=timeout_s))
+        for mode, runs in pairs.items():
+            runs.append(run_pair(papers, store, work, separate=mode == "separate",
+                                 timeout_s=timeout_s))
     out = []
     for mode, what in (("embedded", "embedded server"), ("separate", "separate server process")):
         ratios = [g["papers_per_s"] / b["papers_per_s"] for g, b in pairs[mode]]

@@ -9,6 +9,7 @@ every loop is bounded in count and time.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import signal
 import statistics
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -51,11 +52,11 @@ def percentile(xs: Sequence[float], q: float) -> float:
     if not xs:
         return float("nan")
     s = sorted(xs)
-    return float(s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))])
+    return float(s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))])
 
 
 def fmt_rate(x: float, unit: str = "/s") -> str:
-    if x != x:  # nan
+    if math.isnan(x):
         return "n/a"
     if x >= 1e6:
         return f"{x / 1e6:.2f}M{unit}"
@@ -65,7 +66,7 @@ def fmt_rate(x: float, unit: str = "/s") -> str:
 
 
 def fmt_us(x: float) -> str:
-    if x != x:
+    if math.isnan(x):
         return "n/a"
     if x >= 1e6:
         return f"{x / 1e6:.2f} s"
@@ -107,7 +108,7 @@ class RssSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> RssSampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -149,7 +150,7 @@ class ServerProcess:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         started = time.perf_counter()
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, cwd=ROOT, env=self.env)

@@ -157,14 +157,22 @@ def mention_of(kind: str, e: Stored, rng: random.Random) -> tuple[str, str] | No
 def mention_mix(pool: Sequence[Stored], count: int, weights: dict[str, float], *,
                 seed: int) -> list[tuple[str, str, str]]:
     """count (text, type, intended kind) mentions, kinds drawn by weight, entities from pool."""
+    return [(text, etype, kind) for text, etype, kind, _ in
+            mention_mix_of(pool, count, weights, seed=seed)]
+
+
+def mention_mix_of(pool: Sequence[Stored], count: int, weights: dict[str, float], *,
+                   seed: int) -> list[tuple[str, str, str, Stored]]:
+    """mention_mix with the entity each mention was drawn from (unrelated for "new" ones)."""
     rng = random.Random(f"mix-{seed}-{count}")
     kinds = list(weights)
-    out: list[tuple[str, str, str]] = []
+    out: list[tuple[str, str, str, Stored]] = []
     while len(out) < count:
         kind = rng.choices(kinds, [weights[k] for k in kinds])[0]
-        m = mention_of(kind, rng.choice(pool), rng)
+        entity = rng.choice(pool)
+        m = mention_of(kind, entity, rng)
         if m is not None:
-            out.append((m[0], m[1], kind))
+            out.append((m[0], m[1], kind, entity))
     return out
 
 
@@ -239,6 +247,17 @@ def read_paper_batches(path: Path) -> list[tuple[str, list[tuple[str, str]]]]:
     return out
 
 
-__all__ = ["NameRecord", "Stored", "build_store", "copy_store", "sample_entities",
-           "mention_mix", "mentions_of_kind", "papers", "write_papers", "read_paper_batches",
-           "store_path", "KINDS"]
+__all__ = [
+    "KINDS",
+    "NameRecord",
+    "Stored",
+    "build_store",
+    "copy_store",
+    "mention_mix",
+    "mentions_of_kind",
+    "papers",
+    "read_paper_batches",
+    "sample_entities",
+    "store_path",
+    "write_papers",
+]

@@ -19,12 +19,11 @@ import time
 from concurrent import futures
 
 import grpc
-
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
 from identity_server.server import GRPC_OPTIONS
 from identity_server.settings import Settings
-
 
 _BUSY_S = 0.0  # --busy-us: pure-Python work per mention before the canned reply
 
@@ -42,7 +41,7 @@ def canned(mention: str, entity_type: str) -> pb.ResolveResponse:
     )
 
 
-class EchoServicer(pb_grpc.IdentityServiceServicer):
+class EchoServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
     def Resolve(self, request: pb.ResolveRequest,
                 context: grpc.ServicerContext) -> pb.ResolveResponse:
         return canned(request.mention, request.entity_type)

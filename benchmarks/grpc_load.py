@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Self
 
 import grpc
-
-from benchmarks.common import CALL_TIMEOUT_S
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
+from benchmarks.common import CALL_TIMEOUT_S
 from identity_server.server import GRPC_OPTIONS
 
 
@@ -32,7 +33,7 @@ class Client:
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -227,5 +227,12 @@ def typo_variant(name: str, rng: random.Random) -> str | None:
     return None
 
 
-__all__ = ["NameRecord", "names", "new_name", "case_variant", "punctuation_variant",
-           "typo_variant", "TYPES"]
+__all__ = [
+    "TYPES",
+    "NameRecord",
+    "case_variant",
+    "names",
+    "new_name",
+    "punctuation_variant",
+    "typo_variant",
+]

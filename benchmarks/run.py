@@ -115,6 +115,13 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         rows += bench_unary.run(server_client, echo_client, pool, n_entities=p["grpc_n"],
                                 calls=p["unary_calls"], rounds=p["unary_rounds"])
         step("unary")
+    echo_100 = next(r.data["echo"]["items_per_s"] for r in rows
+                    if r.benchmark == f"1 batch {bench_batch.GOAL_SIZE}")
+    rows.append(bench_batch.store_floor(
+        copy_store(stores[p["grpc_n"]], work / "floor.sqlite"), pool, n_entities=p["grpc_n"],
+        size=bench_batch.GOAL_SIZE, items=p["batch_items"], rounds=p["batch_rounds"],
+        echo_items_per_s=echo_100))
+    step("batch floor")
     core_big = next((q for q in points if q["n"] == p["grpc_n"]), None)
     rows += bench_startup.rows(p["grpc_n"], core_big, serve_startup,
                                bench_startup.raw_read_s(stores[p["grpc_n"]]))
@@ -218,14 +225,14 @@ def results_md(results: dict[str, Any], command: str) -> str:
     lines = [
         "# Benchmark results",
         "",
-        f"Latest run: {results['date']}, `{command}` "
-        f"({results['elapsed_s'] / 60:.1f} min{', quick profile' if results['quick'] else ''}).",
+        (f"Latest run: {results['date']}, `{command}` "
+        f"({results['elapsed_s'] / 60:.1f} min{', quick profile' if results['quick'] else ''})."),
         "",
-        f"Machine: {m['nproc']} cores (`nproc`), {m['memory']} memory, {m['cpu']}, "
-        f"Python {m['python']}, grpcio {m['grpcio']}, {m['platform']}.",
+        (f"Machine: {m['nproc']} cores (`nproc`), {m['memory']} memory, {m['cpu']}, "
+        f"Python {m['python']}, grpcio {m['grpcio']}, {m['platform']}."),
         "",
-        "What each row measures and how: [README.md](README.md). Ratios are figure / baseline "
-        "(for the typo-vs-scan row: scan / typo; for memory: bytes / 8 GB).",
+        ("What each row measures and how: [README.md](README.md). Ratios are figure / baseline "
+        "(for the typo-vs-scan row: scan / typo; for memory: bytes / 8 GB)."),
         "",
         markdown_table(results["rows"]),
         "",
