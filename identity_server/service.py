@@ -529,20 +529,33 @@ class IdentityService:
         if not context_id:
             return entity
         u.add_evidence(entity.entity_id, context_id, m.display, m.raw_type)
-        threshold = self.config.promote_after_papers
-        if threshold <= 0 or entity.status is not Status.PROVISIONAL or entity.placeholder:
+        if not self._promotable(entity):
             return entity
+        # A paper already counted for this entity adds none: promotion was checked when it came
+        # (and when anything was merged into the entity since).
         known = self._known_papers.setdefault(entity.entity_id, set())
         if context_id in known:
             return entity
         known.add(context_id)
+        return self._promote_when_due(u, entity)
+
+    def _promotable(self, entity: Entity) -> bool:
+        return (self.config.promote_after_papers > 0 and entity.status is Status.PROVISIONAL
+                and not entity.placeholder)
+
+    def _promote_when_due(self, u: Unit, entity: Entity) -> Entity:
+        """Promote a provisional entity once its evidence, and that of the entities merged into
+        it, comes from the configured number of distinct papers. Checked on a new paper's
+        evidence and after a merge (which can bring papers without any new evidence)."""
+        if not self._promotable(entity):
+            return entity
         u.flush()
         group = [entity.entity_id, *u.tx.merged_into(entity.entity_id)]
         _, papers = u.tx.evidence_summary(group)
-        if papers >= threshold:
-            self._known_papers.pop(entity.entity_id, None)
-            return u.promote(entity, reason=f"evidence from {papers} papers")
-        return entity
+        if papers < self.config.promote_after_papers:
+            return entity
+        self._known_papers.pop(entity.entity_id, None)
+        return u.promote(entity, reason=f"evidence from {papers} papers")
 
     def _look(self, m: Mention) -> ResolveResult:
         """What a creating call would answer, writing nothing."""
@@ -647,7 +660,8 @@ class IdentityService:
             if source.entity_id == target.entity_id and source_id != target_id:
                 return self._view(u.tx, target)  # the pair is already merged: a no-op
             u.check_mergeable(source, target)
-            return self._view(u.tx, u.merge(source, target, reason="admin"))
+            merged = u.merge(source, target, reason="admin")
+            return self._view(u.tx, self._promote_when_due(u, merged))
 
         return self._write(work)
 
@@ -660,7 +674,12 @@ class IdentityService:
 
         def work(u: Unit) -> EntityView:
             a, b = self._live(entity_id), self._live(other_id)
-            row = u.tx.link(a.entity_id, b.entity_id) if a.entity_id != b.entity_id else None
+            if a.entity_id == b.entity_id:
+                raise FailedPrecondition(
+                    f"{entity_id} is not linked to itself" if entity_id == other_id else
+                    f"{entity_id} and {other_id} are already merged (both are {a.entity_id} now)"
+                )
+            row = u.tx.link(a.entity_id, b.entity_id)
             if row is None or row.state != OPEN:
                 raise FailedPrecondition(
                     f"{a.entity_id} and {b.entity_id} have no open possibly_same_as link"
@@ -669,7 +688,8 @@ class IdentityService:
             if decision == SAME:
                 target, source = sorted((a, b), key=_merge_rank)
                 u.check_mergeable(source, target)
-                result = u.merge(source, target, reason=f"settled same by {actor}")
+                merged = u.merge(source, target, reason=f"settled same by {actor}")
+                result = self._promote_when_due(u, merged)
             seq = u.emit(LINK_SETTLED, a.entity_id, b.entity_id, decision=decision, actor=actor,
                          reason=reason)
             u.tx.put_link(a.entity_id, b.entity_id, decision, seq, actor=actor, reason=reason,
@@ -732,9 +752,10 @@ class IdentityService:
                 new[entity_id] = checked
                 counts["created"] += 1
             counts["imported"] += 1
-            k = key(name)
-            if len(k) >= 3:
-                keys[k] = None
+            for spelling in (name, *aliases):  # rule 3 compares with every name of the record
+                k = key(spelling)
+                if len(k) >= 3:
+                    keys[k] = None
         u.create_canonicals(list(new.values()))
 
     def _check_record(self, rec: AuthorityRecord) -> tuple[str, str, str, list[str]]:

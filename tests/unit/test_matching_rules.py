@@ -405,6 +405,48 @@ def test_placeholder_never_promoted_automatically(
     assert (r.entity_id, r.status) == (p.entity_id, Status.CANONICAL)
 
 
+@pytest.mark.parametrize("how", ["merge", "settle"])
+def test_merge_that_brings_the_paper_count_up_promotes(
+    make_service: Callable[..., IdentityService], how: str,
+) -> None:
+    """Promotion 'when it has evidence from a configured number of distinct papers' holds after
+    a merge too (evidence moves with it), whether an admin merge or a curator's 'same', and the
+    same call then gets the same answer on any server."""
+    svc = make_service("promote-merge", promote_after_papers=2)
+    a = svc.resolve("Maria", "person", context_id="arXiv:1")
+    b = svc.resolve("Mario", "person", context_id="arXiv:2")  # weak: a new entity, linked
+    assert (a.created, b.created, b.possibly_same_as) == (True, True, (a.entity_id,))
+    if how == "merge":
+        view = svc.merge(b.entity_id, a.entity_id)
+    else:
+        view = svc.settle(b.entity_id, a.entity_id, "same", actor="curator", reason="typo")
+    assert (view.entity_id, view.status) == (a.entity_id, Status.CANONICAL)
+    again = svc.resolve("Maria", "person", context_id="arXiv:1")
+    assert (again.entity_id, again.status) == (a.entity_id, Status.CANONICAL)
+
+
+def test_merge_below_the_paper_count_does_not_promote(
+    make_service: Callable[..., IdentityService],
+) -> None:
+    """Papers are counted once however many merged entities saw them."""
+    svc = make_service("promote-merge-same-paper", promote_after_papers=2)
+    a = svc.resolve("Maria", "person", context_id="arXiv:1")
+    b = svc.resolve("Mario", "person", context_id="arXiv:1")
+    assert svc.merge(b.entity_id, a.entity_id).status is Status.PROVISIONAL
+    r = svc.resolve("Maria", "person", context_id="arXiv:2")
+    assert (r.entity_id, r.status) == (a.entity_id, Status.CANONICAL)
+
+
+def test_settle_names_a_pair_already_merged(service: IdentityService) -> None:
+    """Settling a merged pair is FAILED_PRECONDITION, and the message says why."""
+    a, b = new_id(service, "Maria", "person"), new_id(service, "Mario", "person")
+    service.merge(b, a)
+    with pytest.raises(FailedPrecondition, match="already merged"):
+        service.settle(a, b, "same", actor="curator", reason="again")
+    with pytest.raises(FailedPrecondition, match="not linked to itself"):
+        service.settle(a, a, "distinct", actor="curator", reason="self")
+
+
 # -- types -----------------------------------------------------------------------------------------
 
 
@@ -811,6 +853,30 @@ def test_import_links_when_several_canonicals_share_the_key(service: IdentitySer
     provisional entity is linked possibly_same_as to each instead of merged.'"""
     p = new_id(service, "mem-castle", "tool")
     load(service, rec("Q1", "MemCastle", "tool"), rec("Q2", "Mem Castle", "tool"))
+    assert service.get_entity(p).status is Status.PROVISIONAL
+    assert links(service) == {pair(p, "Q1"), pair(p, "Q2")}
+
+
+def test_import_merges_through_the_records_aliases(service: IdentityService) -> None:
+    """Rule 3 compares with every name, so a record's alias carries its key too: a provisional
+    'nmr' is what a mention 'N.M.R.' would find beside the record aliased 'NMR'. An alias key
+    under 3 characters merges nothing."""
+    nmr = new_id(service, "nmr", "method")
+    ml = new_id(service, "ml", "method")
+    load(service, rec("Q1", "Nuclear magnetic resonance", "method", "NMR"),
+         rec("Q2", "Machine learning", "method", "ML"))
+    assert service.get_entity(nmr).redirect_to == "Q1"
+    assert service.get_entity(ml).status is Status.PROVISIONAL
+    r = service.resolve("nmr", "method")
+    assert (r.entity_id, r.match_kind) == ("Q1", EXACT)
+
+
+def test_import_links_when_an_alias_key_is_shared(service: IdentityService) -> None:
+    """'several canonical entities of compatible type share that key': shared through an alias
+    of each, the provisional entity is linked to both instead of merged."""
+    p = new_id(service, "CNN", "other")
+    load(service, rec("Q1", "Convolutional neural network", "method", "CNN"),
+         rec("Q2", "Cable News Network", "organization", "C.N.N."))
     assert service.get_entity(p).status is Status.PROVISIONAL
     assert links(service) == {pair(p, "Q1"), pair(p, "Q2")}
 
