@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from tqdm import tqdm
 
-from identity_server.errors import IdentityError
+from identity_server.errors import IdentityError, InvalidArgument
 from identity_server.settings import Settings
 
 logger = logging.getLogger("identity_server")
@@ -72,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("--context", default="", help="paper id to record evidence under")
     res.add_argument("--lookup-only", action="store_true", help="look, never write")
     res.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds")
+    res.add_argument("--tls-ca", type=Path,
+                     help="PEM root certificates: talk TLS (to a server run with --tls-cert)")
     res.set_defaults(run=_resolve)
     return p
 
@@ -96,29 +98,43 @@ def _import(args: argparse.Namespace) -> int:
     from identity_server.server import build_service
 
     settings = _settings(args, "db_url")
+    try:
+        lines = args.file.open(encoding="utf-8-sig", newline="")
+    except OSError as e:
+        raise InvalidArgument(f"cannot read {args.file}: {e.strerror}") from e
     service = build_service(settings)
     try:
-        with args.file.open(encoding="utf-8-sig", newline="") as f, tqdm(
+        with lines as f, tqdm(
             unit=" records", desc="importing", disable=None, file=sys.stderr
         ) as bar:
             report = service.import_lines(f, args.format, progress=bar.update)
     finally:
         service.close()
-    for e in report.errors:
-        print(f"{args.file}:{e.line}: {e.message}", file=sys.stderr)
+    for refused in report.errors:
+        print(f"{args.file}:{refused.line}: {refused.message}", file=sys.stderr)
     print(
         f"imported {report.imported} records ({report.created} new, {report.updated} replaced); "
         f"merged {report.merged} provisional entities, linked {report.linked}; "
         f"refused {len(report.errors)} records"
     )
-    return 0
+    return 1 if report.errors else 0
+
+
+def _read_bytes(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InvalidArgument(f"cannot read the {what} {path}: {e.strerror}") from e
 
 
 def _resolve(args: argparse.Namespace) -> int:
     from identity_api.v1 import identity_service_pb2 as pb
     from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
-    with grpc.insecure_channel(args.server) as channel:
+    channel = (grpc.secure_channel(args.server, grpc.ssl_channel_credentials(
+        root_certificates=_read_bytes(args.tls_ca, "TLS root certificates")))
+        if args.tls_ca is not None else grpc.insecure_channel(args.server))
+    with channel:
         stub = pb_grpc.IdentityServiceStub(channel)
         reply = stub.Resolve(
             pb.ResolveRequest(mention=args.mention, entity_type=args.entity_type,

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from ingest.client import IdentityClient, IdentityError, RetryPolicy
 from ingest.pipeline import JobError, JobOptions, Summary, run_job, sync_redirects
 from ingest.read import InputError, expand_paths
@@ -80,7 +82,19 @@ def _client(settings: Settings, address: str) -> IdentityClient:
         policy=RetryPolicy(deadline_seconds=settings.deadline_seconds,
                            budget_seconds=settings.retry_budget_seconds),
         admin_token=settings.admin_token,
+        credentials=_tls_credentials(settings),
     )
+
+
+def _tls_credentials(settings: Settings) -> grpc.ChannelCredentials | None:
+    """TLS to a --server when --tls-ca is given (the embedded server listens on loopback only)."""
+    if settings.tls_ca is None or not settings.server:
+        return None
+    try:
+        roots = settings.tls_ca.read_bytes()
+    except OSError as e:
+        raise JobError(f"cannot read the TLS root certificates {settings.tls_ca}: {e}") from e
+    return grpc.ssl_channel_credentials(root_certificates=roots)
 
 
 def _progress(settings: Settings, total: int | None) -> tuple[Callable[[int], object], Any]:
@@ -213,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--db", type=Path, help="DuckDB graph file (env INGEST_DB)")
         p.add_argument("--server", help="identity server host:port (default: embedded)")
+        p.add_argument("--tls-ca", type=Path,
+                       help="PEM root certificates: TLS to --server (env INGEST_TLS_CA)")
         p.add_argument("--identity-db", dest="embedded_db_url",
                        help="store URL of the embedded server (default sqlite:///identity.sqlite)")
 

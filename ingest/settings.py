@@ -29,6 +29,10 @@ class Settings(BaseSettings):
         description="Identity store of the embedded server (SQLite in the working directory).",
     )
     admin_token: str | None = Field(default=None, description="Bearer token for admin RPCs.")
+    tls_ca: Path | None = Field(
+        default=None,
+        description="PEM root certificates: talk TLS to --server (a server run with --tls-cert).",
+    )
     concurrency: int | None = Field(
         default=None, ge=1, le=256,
         description="Papers in flight; unset: 8 with --server, 1 with the embedded server "

@@ -384,13 +384,24 @@ def test_cli_import_reports_refused_lines(tmp_path: Path) -> None:
     for path, refused in ((jsonl, [2, 4]), (csv, [3])):
         done = subprocess.run([str(CLI), "import", str(path), "--db", db_url],
                               capture_output=True, text=True, env=_env(), timeout=30)
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 1, done.stderr  # some refused; the rest imported
         assert "imported 2 records" in done.stdout, done.stdout
         for line in refused:
             assert f"{path}:{line}:" in done.stderr, (path, done.stderr)
         ok = {1, 3} if path == jsonl else {2, 4}
         for line in ok:
             assert f"{path}:{line}:" not in done.stderr
+
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text('{"id": "Q-BAB", "name": "Charles Babbage", "type": "person"}\n',
+                     encoding="utf-8")
+    missing = tmp_path / "missing.jsonl"
+    for path, code in ((clean, 0), (missing, 2)):
+        done = subprocess.run([str(CLI), "import", str(path), "--db", db_url],
+                              capture_output=True, text=True, env=_env(), timeout=30)
+        assert done.returncode == code, done.stderr
+        assert "Traceback" not in done.stderr
+    assert f"error: cannot read {missing}: No such file or directory" in done.stderr
 
     with serving(db_url) as (_, stub):
         for entity_id, name in (("Q-ADA", "Ada Lovelace"), ("Q-TODAI", "東京大学"),
@@ -488,5 +499,39 @@ def test_tls(tmp_path: Path, db_url: str) -> None:
             with pytest.raises(grpc.RpcError) as info:
                 Stub(plain).Resolve(pb.ResolveRequest(mention="Ada Lovelace"), timeout=3)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        running.stop(grace=0)
+
+
+def test_tls_clients_of_the_command_line(tmp_path: Path, db_url: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`identity-server resolve --tls-ca` and `ingest run --tls-ca` talk to a TLS server; without
+    the option the same commands fail with the server unreachable, not with wrong data."""
+    from identity_server import cli as server_cli
+    from ingest import cli as ingest_cli
+
+    cert, key = _self_signed(tmp_path)
+    running = start_server(Settings(db_url=db_url, host="127.0.0.1", port=0,
+                                    tls_cert=str(cert), tls_key=str(key)))
+    address = f"localhost:{running.port}"
+    papers = tmp_path / "papers.jsonl"
+    papers.write_text('{"paper_id": "p1", "mentions": [{"id": "a", "text": "Ada Lovelace", '
+                      '"type": "person"}, {"id": "b", "text": "Analytical Engine", '
+                      '"type": "tool"}], "relationships": [{"subject": "a", '
+                      '"predicate": "uses", "object": "b"}]}\n', encoding="utf-8")
+    try:
+        assert server_cli.main(["resolve", "Ada Lovelace", "--type", "person",
+                                "--server", address, "--tls-ca", str(cert)]) == 0
+        assert "match_kind:   NEW" in capsys.readouterr().out
+        assert ingest_cli.main(["run", str(papers), "--db", str(tmp_path / "g.duckdb"),
+                                "--server", address, "--tls-ca", str(cert),
+                                "--no-progress"]) == 0
+        assert "papers ingested:   1" in capsys.readouterr().out
+        assert server_cli.main(["resolve", "Ada Lovelace", "--server", address,
+                                "--timeout", "2"]) == 1
+        assert "UNAVAILABLE" in capsys.readouterr().err
+        assert server_cli.main(["resolve", "Ada", "--server", address,
+                                "--tls-ca", str(tmp_path / "missing.pem")]) == 2
+        assert "cannot read the TLS root certificates" in capsys.readouterr().err
     finally:
         running.stop(grace=0)
