@@ -233,7 +233,10 @@ def _configure_sqlite(engine: Engine, *, checkpoint_in_background: bool) -> None
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("write") else "BEGIN")
+        # On the driver's connection: SQLAlchemy's statement layers would cost more than BEGIN.
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        driver.execute("BEGIN IMMEDIATE" if conn.info.get("write") else "BEGIN")
 
 
 class _Checkpointer:
