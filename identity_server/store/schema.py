@@ -88,11 +88,13 @@ evidence = Table(
 )
 
 # The change feed; sequence numbers are assigned under the store's write lock: gapless, in commit
-# order, so a reader can resume from any point.
+# order, so a reader can resume from any point. On SQLite, `seq` is an INTEGER primary key, so the
+# rowid itself: one b-tree per row instead of a table and an index (every write appends here).
 changes = Table(
     "changes",
     metadata,
-    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+           autoincrement=False),
     Column("kind", String(32), nullable=False),
     Column("entity_id", String(512), nullable=False),
     Column("other_id", String(512), nullable=False, default=""),
