@@ -39,11 +39,16 @@ GB = 1 << 30
 
 
 def run_child(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int,
-              cap_bytes: int | None, timeout_s: float) -> dict[str, Any]:
-    """Runs the measurement in a child process; returns its JSON (or why it failed)."""
+              cap_bytes: int | None, timeout_s: float,
+              reference: tuple[Path, int] | None = None) -> dict[str, Any]:
+    """Runs the measurement in a child process; returns its JSON (or why it failed).
+    `reference`: (store, entity count) of a small index whose typo cost the child measures
+    too, in rounds alternating with its own (the flat-cost ratio's same-run baseline)."""
     argv = [sys.executable, "-m", "benchmarks.bench_core", "--db", str(db), "--n", str(n),
             "--per-kind", str(per_kind), "--repeats", str(repeats),
             "--scan-queries", str(scan_queries)]
+    if reference is not None and reference[1] < n:
+        argv += ["--reference-db", str(reference[0]), "--reference-n", str(reference[1])]
     if cap_bytes:
         argv += ["--cap-bytes", str(cap_bytes)]
     started = time.perf_counter()
@@ -63,19 +68,61 @@ def run_child(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: in
     return out
 
 
-def measure(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int) -> dict[str, Any]:
+def _typo_mentions(db: Path, n: int, per_kind: int) -> dict[str, list[tuple[str, str]]]:
+    from benchmarks.data import mentions_of_kind, sample_entities
+
+    pool = sample_entities(db, n, min(n, 5000), seed=3)
+    return {k: mentions_of_kind(pool, k, per_kind, seed=7) for k in KIND_LABELS}
+
+
+def typo_side_by_side(index: Any, typo: list[tuple[str, str]], reference: tuple[Path, int],
+                      *, per_kind: int, repeats: int) -> dict[str, float]:
+    """Typo decide() over `index` and over a small reference index built here, in alternating
+    rounds (each timed pass after an untimed one), so both medians come from the same minutes
+    of this machine (single figures drift by a third between runs here, more than the effect
+    measured)."""
+    from identity_server.matching import decide
+    from identity_server.normalize import display_form
+    from identity_server.server import build_service
+    from identity_server.settings import Settings
+
+    ref_db, ref_n = reference
+    ref_service = build_service(Settings(db_url=f"sqlite:///{ref_db}"))
+    try:
+        sides = {"main": (index, [(display_form(t), ty) for t, ty in typo]),
+                 "reference": (ref_service.index, [
+                     (display_form(t), ty)
+                     for t, ty in _typo_mentions(ref_db, ref_n, per_kind)["typo"]])}
+        times: dict[str, list[int]] = {"main": [], "reference": []}
+        for _ in range(repeats):
+            for side in ("reference", "main"):
+                idx, displays = sides[side]
+                for d, ty in displays:  # warm: the other index has just had the caches
+                    decide(idx, d, ty)
+                for d, ty in displays:
+                    a = time.perf_counter_ns()
+                    decide(idx, d, ty)
+                    times[side].append(time.perf_counter_ns() - a)
+    finally:
+        ref_service.close()
+    main_us = median([x / 1000 for x in times["main"]])
+    ref_us = median([x / 1000 for x in times["reference"]])
+    return {"reference_n": ref_n, "typo_us": main_us, "reference_typo_us": ref_us,
+            "ratio": main_us / ref_us}
+
+
+def measure(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int,
+            reference: tuple[Path, int] | None = None) -> dict[str, Any]:
     """In the child: build the service, then time decide() per kind and the rapidfuzz scan."""
     import gc
     import sqlite3
 
-    from benchmarks.data import mentions_of_kind, sample_entities
     from identity_server.matching import decide
     from identity_server.normalize import display_form, key
     from identity_server.server import build_service
     from identity_server.settings import Settings
 
-    pool = sample_entities(db, n, min(n, 5000), seed=3)
-    mentions = {k: mentions_of_kind(pool, k, per_kind, seed=7) for k in KIND_LABELS}
+    mentions = _typo_mentions(db, n, per_kind)
     gc.collect()
     rss0 = proc_status().get("VmRSS", 0)
     t0 = time.perf_counter()
@@ -112,6 +159,8 @@ def measure(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int)
     typo_us = median([x / 1000 for x in typo_ns])
     # The server's own high-water mark: the rapidfuzz baseline below loads every key again.
     server_peak_rss = proc_status().get("VmHWM", 0)
+    side_by_side = (typo_side_by_side(index, mentions["typo"], reference, per_kind=per_kind,
+                                      repeats=repeats) if reference is not None else None)
     runtime = runtime_anchors(index, mentions, repeats=repeats)
 
     scan_us = float("nan")
@@ -139,7 +188,7 @@ def measure(db: Path, n: int, *, per_kind: int, repeats: int, scan_queries: int)
         "rates": rates, "kinds_seen": kinds_seen, "typo_us": typo_us,
         "typo_p99_us": sorted(typo_ns)[int(0.99 * (len(typo_ns) - 1))] / 1000 if typo_ns else 0,
         "scan_us": scan_us, "scan_queries": scan_queries, "per_kind": per_kind,
-        "runtime": runtime,
+        "runtime": runtime, "side_by_side": side_by_side,
     }
 
 
@@ -230,15 +279,26 @@ def rows(points: list[dict[str, Any]], *, at: int, point_10m: dict[str, Any] | N
     sizes = sorted(ok)
     smallest = ok[sizes[0]]
     largest = point_10m if point_10m and point_10m.get("fit") else ok[sizes[-1]]
-    flat = largest["typo_us"] / smallest["typo_us"]
     costs = ", ".join(f"{p['n']:,}: {fmt_us(p['typo_us'])}" for p in
                       [ok[s] for s in sizes] + ([point_10m] if point_10m and
                                                  point_10m.get("fit") else []))
+    side = largest.get("side_by_side")
+    if side:  # both figures from one child, in alternating rounds
+        flat = side["ratio"]
+        measures = (f"median µs per typo decide() by entity count; ratio: {largest['n']:,} vs "
+                    f"{side['reference_n']:,} entities timed side by side in one process")
+        baseline = (f"{side['reference_n']:,}: {fmt_us(side['reference_typo_us'])} beside "
+                    f"{largest['n']:,}: {fmt_us(side['typo_us'])}")
+        smallest_n = side["reference_n"]
+    else:
+        flat = largest["typo_us"] / smallest["typo_us"]
+        measures = "median µs per typo decide() by entity count"
+        baseline = f"{smallest['n']:,}: {fmt_us(smallest['typo_us'])}"
+        smallest_n = smallest["n"]
     out.append(Row(
-        "3 typo cost flat", "median µs per typo decide() by entity count", costs,
-        f"{smallest['n']:,}: {fmt_us(smallest['typo_us'])}", flat,
-        f"{largest['n']:,}/{smallest['n']:,} <= 2x", flat <= 2.0,
-        {"typo_us": {p["n"]: p["typo_us"] for p in ok.values()}}))
+        "3 typo cost flat", measures, costs, baseline, flat,
+        f"{largest['n']:,}/{smallest_n:,} <= 2x", flat <= 2.0,
+        {"typo_us": {p["n"]: p["typo_us"] for p in ok.values()}, "side_by_side": side}))
     speedup = main["scan_us"] / main["typo_us"]
     out.append(Row(
         "3 typo vs scan", f"typo decide() vs rapidfuzz full scan, {at:,} entities",
@@ -285,12 +345,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--scan-queries", type=int, default=10)
     parser.add_argument("--cap-bytes", type=int, default=0)
+    parser.add_argument("--reference-db", type=Path)
+    parser.add_argument("--reference-n", type=int, default=0)
     args = parser.parse_args()
+    reference = (args.reference_db, args.reference_n) if args.reference_db else None
     if args.cap_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (args.cap_bytes, args.cap_bytes))
     try:
         result = measure(args.db, args.n, per_kind=args.per_kind, repeats=args.repeats,
-                         scan_queries=args.scan_queries)
+                         scan_queries=args.scan_queries, reference=reference)
     except MemoryError:
         result = {"n": args.n, "fit": False,
                   "error": f"MemoryError under a {args.cap_bytes / GB:.0f} GB address-space cap",

@@ -86,10 +86,12 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
 
     # Goal 3 (and the in-process build of goal 4): one child per size.
     points = []
+    smallest = min(p["core_sizes"])
     for n in p["core_sizes"]:
         points.append(bench_core.run_child(
             stores[n], n, per_kind=p["per_kind"], repeats=p["repeats"],
-            scan_queries=p["scan_queries"], cap_bytes=None, timeout_s=900))
+            scan_queries=p["scan_queries"], cap_bytes=None, timeout_s=900,
+            reference=(stores[smallest], smallest)))
         step(f"core {n:,}")
     point_10m = None
     if args.with_10m:
@@ -141,8 +143,10 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
 def run_10m(out: Path, p: dict[str, Any]) -> dict[str, Any]:
     """The 10M point in a capped child; recorded in benchmarks/results-10m.json."""
     store = build_store(out, TEN_M)
+    smallest = min(p["core_sizes"])
     point = bench_core.run_child(store, TEN_M, per_kind=p["per_kind"], repeats=3,
-                                 scan_queries=3, cap_bytes=CAP_10M, timeout_s=3600)
+                                 scan_queries=3, cap_bytes=CAP_10M, timeout_s=3600,
+                                 reference=(build_store(out, smallest), smallest))
     point["cap_bytes"] = CAP_10M
     TEN_M_JSON.write_text(json.dumps({
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
