@@ -287,10 +287,10 @@ class IdentityService:
     def _settle(self) -> None:
         """Bring the index up to the store's last commit (under _lock); no transaction when
         nothing was committed since the last look, or only this process's own writes were."""
-        marker = self.store.commit_marker()
+        marker, last = self.store.commit_state()
         if marker is not None and marker == self._settled_marker:
             return
-        if self.store.last_seq() != self._seq:
+        if last != self._seq:
             with self._changing_index(), self.store.read() as tx:
                 self._catch_up(tx)
         self._settled_marker = marker
@@ -302,10 +302,11 @@ class IdentityService:
 
     def _settle_after_own_commit(self) -> None:
         """Mark the index settled at the commit just made when no other process committed
-        since, so the next lock-free read need not take the lock to find that out. The marker is
-        read first: a commit after it moves the marker, so a stale pair is only ever too old."""
-        marker = self.store.commit_marker()
-        if marker is not None and self.store.last_seq() == self._seq:
+        since, so the next lock-free read need not take the lock to find that out. The marker and
+        the newest sequence number come from one snapshot, so the marker stands for exactly the
+        commits the index holds."""
+        marker, last = self.store.commit_state()
+        if marker is not None and last == self._seq:
             self._settled_marker = marker
 
     def _answer(self, work: Callable[[], T]) -> T:
