@@ -82,6 +82,23 @@ def _seqs(path: Path) -> list[int]:
         return [r[0] for r in con.execute("SELECT seq FROM changes ORDER BY seq")]
 
 
+def test_commit_state_is_the_marker_and_the_newest_sequence_together(tmp_path: Path) -> None:
+    """The marker moves on every commit, from this store's writer or another process's, and
+    comes with the sequence number it stands for."""
+    with _store(tmp_path) as (store, db):
+        before, last = store.commit_state()
+        assert before is not None and last == 0
+        _commit(store, 1)
+        after, last = store.commit_state()
+        assert (after != before, last) == (True, 1)
+        with sqlite3.connect(db) as other:  # a commit from outside this store
+            other.execute("INSERT INTO changes (seq, kind, entity_id, other_id, detail, "
+                          "recorded_at) VALUES (2, 'created', 'P2', '', '{}', 0)")
+        moved, last = store.commit_state()
+        assert (moved not in (before, after), last) == (True, 2)
+        assert store.commit_state() == (moved, 2)  # nothing committed since: unchanged
+
+
 def test_the_kept_write_connection_survives_a_failed_write(tmp_path: Path) -> None:
     with _store(tmp_path) as (store, db):
         _commit(store, 1)
