@@ -23,6 +23,7 @@ import json
 import logging
 import re
 import tomllib
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,8 +153,9 @@ _SEPARATORS = re.compile(r"[\s_\-]+")
 
 
 def normalize_phrase(text: str) -> str:
-    """Folds case, underscores, hyphens and spacing so "Evaluated_On" and "evaluated on" meet."""
-    return _SEPARATORS.sub(" ", text.casefold()).strip()
+    """Folds compatibility forms (NFKC: full-width "ｕｓｅｓ" is "uses"), case, underscores,
+    hyphens and spacing, so "Evaluated_On" and "evaluated on" meet."""
+    return _SEPARATORS.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
 @dataclass(frozen=True, slots=True)

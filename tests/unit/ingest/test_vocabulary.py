@@ -23,6 +23,8 @@ from ingest.vocabulary import (
         ("evaluated on", "evaluated_on", False, True),
         ("makes use of", "uses", False, True),
         ("  Makes   Use-Of ", "uses", False, True),
+        ("ｕｓｅｓ", "uses", False, True),  # full width: NFKC
+        ("ｉｓ\u3000ｕｓｅｄ\u00a0ｂｙ", "uses", True, True),
         ("is used by", "uses", True, True),
         ("outperforms", "improves_on", False, True),
         ("is outperformed by", "improves_on", True, True),
