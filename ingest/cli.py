@@ -14,6 +14,7 @@ import argparse
 import gc
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,11 +104,38 @@ def _progress(settings: Settings, total: int | None) -> tuple[Callable[[int], ob
             return None
 
         return ignore, None
+    if not sys.stderr.isatty():  # a log, not a terminal: a plain line now and then
+        return _LogProgress(total, LOG_PROGRESS_EVERY_S).update, None
     from tqdm import tqdm
 
     bar = tqdm(total=total, unit="paper", file=sys.stderr, dynamic_ncols=True,
                disable=None, mininterval=0.25)
     return bar.update, bar
+
+
+LOG_PROGRESS_EVERY_S = 30.0
+
+
+class _LogProgress:
+    """Progress for a job whose stderr is a file or a pipe: one line every `every_s` seconds."""
+
+    def __init__(self, total: int | None, every_s: float) -> None:
+        self._total = total
+        self._every_s = every_s
+        self._done = 0
+        self._started = time.monotonic()
+        self._next = self._started + every_s
+
+    def update(self, n: int) -> None:
+        self._done += n
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self._every_s
+        of = f" of {self._total:,}" if self._total is not None else ""
+        rate = self._done / (now - self._started)
+        sys.stderr.write(f"ingest: {self._done:,}{of} lines done ({rate:,.0f}/s)\n")
+        sys.stderr.flush()
 
 
 def _count_lines(paths: Sequence[str]) -> int | None:

@@ -42,6 +42,19 @@ def test_run_examples_against_the_stub_then_stats_and_sync(
     assert "papers ingested:   0" in capsys.readouterr().out
 
 
+def test_progress_goes_to_a_log_as_lines_when_stderr_is_not_a_terminal(
+        tmp_path: Path, stub: StubServer, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import ingest.cli
+
+    monkeypatch.setattr(ingest.cli, "LOG_PROGRESS_EVERY_S", 0.0)
+    assert main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(tmp_path / "g.duckdb"),
+                 "--server", stub.address]) == 0
+    err = capsys.readouterr().err
+    assert "ingest: 202 of 202 lines done" in err  # 200 papers and 2 bad lines
+    assert "\r" not in err  # no progress bar redrawn in a log
+
+
 def test_unreachable_server_exits_non_zero(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
