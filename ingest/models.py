@@ -79,13 +79,18 @@ class Span(NamedTuple):
     end: int
 
 
+MAX_OFFSET = 2**63 - 1  # spans are stored as BIGINT
+
+
 def to_span(value: list[int] | SpanObject | None) -> Span | None:
-    """Accepts ``[start, end]`` or ``{"start", "end"}``; checks sign and order."""
+    """Accepts ``[start, end]`` or ``{"start", "end"}``; checks sign, size and order."""
     if value is None:
         return None
     start, end = (value.start, value.end) if isinstance(value, SpanObject) else value
     if start < 0 or end < 0:
         raise SpanError(f"span offsets must be non-negative, got [{start}, {end}]")
+    if start > MAX_OFFSET or end > MAX_OFFSET:
+        raise SpanError(f"span offsets must be at most {MAX_OFFSET}, got [{start}, {end}]")
     if end < start:
         raise SpanError(f"span end {end} is before its start {start}")
     return Span(start, end)

@@ -29,7 +29,13 @@ from ingest.client import (
 from ingest.models import Limits
 from ingest.read import RawLine, read_inputs
 from ingest.sink import GraphSink, ResolvedPaper, WriteOutcome
-from ingest.validate import CheckedPaper, LineReject, drop_refused_mentions, parse_line
+from ingest.validate import (
+    CheckedPaper,
+    LineReject,
+    drop_refused_mentions,
+    drop_resolved_self_loops,
+    parse_line,
+)
 from ingest.vocabulary import Vocabulary, default_vocabulary
 
 logger = logging.getLogger(__name__)
@@ -100,7 +106,8 @@ class Summary:
             f"papers unchanged:  {self.unchanged}",
             f"rejected:          {self.rejected_items} items, {self.rejected_lines} lines"
             + (" (see table rejects)" if self.rejected_items or self.rejected_lines else ""),
-            f"entities:          {self.new_entities} new, {self.matched_entities} matched",
+            (f"entities:          {self.new_entities} new; {self.matched_entities} mentions "
+             "matched existing ones"),
             f"relationships:     {self.relationships}",
             (f"rate:              {self.papers_per_second:.1f} papers/s "
             f"({self.elapsed_seconds:.2f} s)"),
@@ -126,6 +133,12 @@ def _chunks(lines: Iterable[RawLine], size: int, max_bytes: int) -> Iterator[lis
         yield chunk
 
 
+def _without_batch_index(message: str, i: int) -> str:
+    """The server names a refused item by its place in the batch ("mention 2: ..."); the reject
+    names it by its place in the paper, which differs once earlier mentions were rejected."""
+    return message.removeprefix(f"mention {i}: ")
+
+
 def resolve_paper(resolver: Resolver, paper: CheckedPaper) -> ResolvedPaper | LineReject:
     """One ResolveBatch for the paper; mentions the server refuses are rejected with its reason."""
     if not paper.mentions:
@@ -142,12 +155,13 @@ def resolve_paper(resolver: Resolver, paper: CheckedPaper) -> ResolvedPaper | Li
                        paper.paper_id, paper.position, e)
         return LineReject(paper.position, f"identity server refused the paper: {e}", "",
                           paper.paper_id, paper.content_hash)
-    refused = {m.index: f"{o.code}: {o.message}"
-               for m, o in zip(paper.mentions, outcomes, strict=True)
+    refused = {m.index: f"{o.code}: {_without_batch_index(o.message, i)}"
+               for i, (m, o) in enumerate(zip(paper.mentions, outcomes, strict=True))
                if isinstance(o, ItemFailure)}
     if refused:
         paper = drop_refused_mentions(paper, refused)
     resolutions = tuple(o for o in outcomes if isinstance(o, Resolution))
+    paper = drop_resolved_self_loops(paper, [r.entity_id for r in resolutions])
     if logger.isEnabledFor(logging.DEBUG):
         for m, r in zip(paper.mentions, resolutions, strict=True):
             logger.debug("paper=%s mention=%s type=%s -> %s kind=%s created=%s", paper.paper_id,

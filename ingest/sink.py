@@ -235,6 +235,10 @@ class _Pending:
     is_current: bool = True
     closed_in: str | None = None
     superseded_by: str | None = None
+    # Entities the paper's earlier revisions resolved to. The server answers a batch it has seen
+    # (same paper, same mentions) with its first reply, `created` included: a new revision with
+    # the same mentions creates nothing, and its rows must not say it did.
+    earlier_ids: frozenset[str] = frozenset()
 
 
 def _table(schema: pa.Schema, columns: Sequence[Sequence[Any] | pa.Array[Any]]) -> pa.Table:
@@ -317,6 +321,12 @@ class GraphSink:
                 current.add(pid)
         return known, current
 
+    def _entities_of(self, paper_id: str) -> frozenset[str]:
+        """The entities every stored revision of a paper resolved to."""
+        rows = self._con.execute(
+            "SELECT DISTINCT entity_id FROM mentions WHERE paper_id = ?", [paper_id]).fetchall()
+        return frozenset(r[0] for r in rows)
+
     def last_sequence(self, feed: str = "identity") -> int:
         rows = self._con.execute(
             "SELECT max(last_sequence) FROM sync_state WHERE feed = ?", [feed]).fetchall()
@@ -345,6 +355,7 @@ class GraphSink:
             self._con.begin()
             known, current = self._stored(
                 x.paper.paper_id for x in items if isinstance(x, ResolvedPaper))
+            stored_ids = set(known)
             pending: list[_Pending] = []
             pending_current: dict[str, _Pending] = {}
             close_db = _Rows(CLOSE_SCHEMA)
@@ -352,7 +363,10 @@ class GraphSink:
             for item in items:
                 if isinstance(item, LineReject):
                     outcome.rejected_lines += 1
-                    rid = (_reject_id("paper-line", item.paper_id, item.content_hash, item.reason)
+                    # Each rejected line is its own row (a paper sent twice, bad the same way,
+                    # is two lines to fix), and the same row again on a rerun.
+                    rid = (_reject_id("paper-line", item.paper_id, item.content_hash, item.reason,
+                                      _stable_position(item.position))
                            if item.paper_id is not None
                            else _reject_id("line", _stable_position(item.position), item.raw,
                                            item.reason))
@@ -375,7 +389,15 @@ class GraphSink:
                     current.discard(pid)
                     outcome.changed += 1
                 known.setdefault(pid, set()).add(paper.content_hash)
-                entry = _Pending(item)
+                earlier_ids: frozenset[str] = frozenset()
+                if any(r.created for r in item.resolutions):
+                    if pid in pending_current:
+                        earlier = pending_current[pid]
+                        earlier_ids = earlier.earlier_ids | {
+                            r.entity_id for r in earlier.resolved.resolutions}
+                    elif pid in stored_ids:
+                        earlier_ids = self._entities_of(pid)
+                entry = _Pending(item, earlier_ids=earlier_ids)
                 pending.append(entry)
                 pending_current[pid] = entry
                 outcome.ingested += 1
@@ -451,6 +473,9 @@ class GraphSink:
                 index, mention_id, text, etype, span = zip(*paper.mentions, strict=True)
                 (entity_id, status, kind, created, rtype, _name, matched, display, _candidates,
                  _possibly) = zip(*resolutions, strict=True)
+                if entry.earlier_ids:
+                    created = tuple(c and e not in entry.earlier_ids
+                                    for c, e in zip(created, entity_id, strict=True))
                 new = sum(created)
                 ids = dict(zip(mention_id, entity_id, strict=True))
                 m_paper += [paper.paper_id] * n_mentions

@@ -11,13 +11,14 @@ import hashlib
 import json
 import json.encoder
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
 from ingest.models import (
+    MAX_OFFSET,
     EvidenceIn,
     Limits,
     MentionIn,
@@ -180,7 +181,11 @@ def _span(value: Any, where: str) -> Span | None:
 def parse_line(raw: RawLine, *, vocabulary: Vocabulary, limits: Limits) -> CheckedPaper | LineReject:
     """Reads one line into a checked paper, or rejects the line with a reason."""
     with limits_in_force(limits):
-        return _parse_line(raw, vocabulary, limits)
+        try:
+            return _parse_line(raw, vocabulary, limits)
+        except RecursionError:  # JSON nested deeper than Python's parser and encoder can follow
+            return LineReject(raw.position, "line nests JSON too deeply to be read",
+                              _keep(raw.prefix.decode("utf-8", errors="replace")))
 
 
 def _parse_line(raw: RawLine, vocabulary: Vocabulary, limits: Limits) -> CheckedPaper | LineReject:
@@ -338,7 +343,8 @@ def _fast_span(value: Any) -> Span | None | bool:
         end = value.get("end")
     else:
         return False
-    if type(start) is not _INT or type(end) is not _INT or start < 0 or end < start:
+    if (type(start) is not _INT or type(end) is not _INT or start < 0 or end < start
+            or end > MAX_OFFSET):
         return False
     return Span(start, end)
 
@@ -499,5 +505,31 @@ def drop_refused_mentions(paper: CheckedPaper, refused: Mapping[int, str]) -> Ch
             continue
         where = f"relationships[{r.index}]"
         rejects.append(Reject(where, f"{where}: mention {bad!r} was rejected ({dropped[bad]})",
-                              None))
+                              _relationship_raw(r)))
     return replace(paper, mentions=tuple(kept), relationships=tuple(rels), rejects=tuple(rejects))
+
+
+def drop_resolved_self_loops(paper: CheckedPaper, entity_ids: Sequence[str]) -> CheckedPaper:
+    """Removes relationships whose two mentions resolved to one entity (`entity_ids` in the
+    order of `paper.mentions`): stored by id, they would be self-loops, which are rejected."""
+    of_mention = {m.mention_id: eid for m, eid in zip(paper.mentions, entity_ids, strict=True)}
+    rels: list[CheckedRelationship] = []
+    rejects = list(paper.rejects)
+    for r in paper.relationships:
+        subject = of_mention.get(r.subject_mention_id)
+        if subject is None or subject != of_mention.get(r.object_mention_id):
+            rels.append(r)
+            continue
+        where = f"relationships[{r.index}]"
+        rejects.append(Reject(
+            where, f"{where}: subject {r.subject_mention_id!r} and object "
+                   f"{r.object_mention_id!r} resolve to the same entity {subject}: a self-loop",
+            _relationship_raw(r)))
+    if len(rels) == len(paper.relationships):
+        return paper
+    return replace(paper, relationships=tuple(rels), rejects=tuple(rejects))
+
+
+def _relationship_raw(r: CheckedRelationship) -> str:
+    return _keep(canonical_json({"subject": r.subject_mention_id, "predicate": r.raw_predicate,
+                                 "object": r.object_mention_id}))

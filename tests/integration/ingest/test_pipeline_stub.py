@@ -58,21 +58,30 @@ def small_paper(paper_id: str = "p1", revision: str | None = None,
 def test_batch_ingested_twice_has_identical_tables(
         tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path],
         snapshot: Callable[..., Any]) -> None:
+    papers = list(synthetic_papers(60, mentions_per_paper=8, relationships_per_paper=5, seed=3))
     corpus = jsonl(tmp_path / "in.jsonl",
-                   [*synthetic_papers(60, mentions_per_paper=8, relationships_per_paper=5, seed=3),
+                   [*papers,
                     "{not json", {"paper_id": "bad", "mentions": "x", "relationships": []},
                     small_paper("p-bad", rels=[{"subject": "m1", "predicate": "uses",
                                                 "object": "m1"}])])
+    # Two mentions of one entity (the stub: same type and casefolded text) joined by an edge:
+    # stored by id that is a self-loop, rejected like one between a mention and itself.
+    same_entity = sum(
+        1 for p in papers
+        for r in p["relationships"]
+        if len({stub_entity_id(m["type"], m["text"]) for m in p["mentions"]
+                if m["id"] in (r["subject"], r["object"])}) == 1)
+    assert same_entity > 0
     db = tmp_path / "g.duckdb"
     first, _ = ingest([corpus], db, stub.address, concurrency=4, group_papers=7)
     before = snapshot(db, wall_clock=True)
     second, _ = ingest([corpus], db, stub.address, concurrency=4, group_papers=7)
     assert snapshot(db, wall_clock=True) == before
     assert (first.ingested, first.unchanged, first.rejected_lines, first.rejected_items) == (
-        61, 0, 2, 1)
+        61, 0, 2, 1 + same_entity)
     assert (second.ingested, second.unchanged) == (0, 61)
-    assert len(before["papers"]) == 61 and len(before["rejects"]) == 3
-    assert len(before["relationships"]) == 60 * 5 + 0
+    assert len(before["papers"]) == 61 and len(before["rejects"]) == 3 + same_entity
+    assert len(before["relationships"]) == 60 * 5 - same_entity
 
 
 def test_concurrency_does_not_change_what_is_stored(
@@ -152,18 +161,25 @@ def test_each_kind_of_bad_input_is_rejected_and_the_rest_stored(
         {"subject": "m1", "object": "m3"},
         {"subject": "m3", "predicate": "uses", "object": "m1",
          "evidence": {"quote": "q" * 70_000}},
+        {"subject": "m1", "predicate": "uses", "object": "m9"},  # m9 is BERT again
     ]
     paper = small_paper(rels=[good_rel, *bad_rels])
     paper["mentions"] += [{"id": "m4", "text": "x" * 600, "type": "method"},
                           {"id": "m5", "type": "method"},
                           {"id": "m6", "text": ["BERT"], "type": "method"},
-                          {"id": "m8", "text": "y" * 520, "type": "method"}]
+                          {"id": "m8", "text": "y" * 520, "type": "method"},
+                          {"id": "m9", "text": "bert", "type": "method"},
+                          {"id": "m10", "text": "Z", "type": "method", "span": [0, 2**63]}]
+    not_a_list = {"paper_id": "p9", "mentions": {"m1": "BERT"}, "relationships": []}
     corpus = jsonl(tmp_path / "in.jsonl", [
         "this is not json",
         paper,
-        {"paper_id": "p9", "mentions": {"m1": "BERT"}, "relationships": []},
+        not_a_list,
         {"mentions": [], "relationships": []},
         '{"paper_id": "huge", "mentions": [], "relationships": [], "pad": "' + "z" * 200_000 + '"}',
+        '{"paper_id": "deep", "mentions": [], "relationships": [], "x": '
+        + "[" * 5000 + "]" * 5000 + "}",
+        not_a_list,  # the same bad line again: its own reject row
     ])
     db = tmp_path / "g.duckdb"
     with GraphSink(db) as sink, IdentityClient(stub.address, policy=FAST) as client:
@@ -184,20 +200,25 @@ def test_each_kind_of_bad_input_is_rejected_and_the_rest_stored(
         ("2", "relationships[5]"): "valid number (got str)",
         ("2", "relationships[6]"): "predicate: required field is missing",
         ("2", "relationships[7]"): "more than the cap of 65536",
+        ("2", "relationships[8]"): "'m1' and object 'm9' resolve to the same entity",
+        ("2", "mentions[8]"): "span offsets must be at most 9223372036854775807",
         ("3", ""): "paper.mentions: Input should be a valid list (got dict)",
         ("4", ""): "paper.paper_id: required field is missing",
         ("5", ""): "more than the cap of 100000 bytes",
+        ("6", ""): "nests JSON too deeply",
+        ("7", ""): "paper.mentions: Input should be a valid list (got dict)",
     }
     assert set(where) == set(expected)
     for key, fragment in expected.items():
         assert fragment in where[key], (key, where[key])
     # The rest of the paper is stored.
     assert rows(db, "SELECT mention_id FROM mentions ORDER BY mention_id") == [
-        ("m1",), ("m2",), ("m3",)]
+        ("m1",), ("m2",), ("m3",), ("m9",)]
     assert rows(db, "SELECT subject_mention_id, object_mention_id FROM relationships") == [
         ("m1", "m2")]
-    assert rows(db, "SELECT counts.rejects FROM papers") == [(11,)]
-    assert (summary.rejected_items, summary.rejected_lines, summary.ingested) == (11, 4, 1)
+    assert rows(db, "SELECT counts.rejects FROM papers") == [(13,)]
+    assert (summary.rejected_items, summary.rejected_lines, summary.ingested) == (13, 6, 1)
+    assert len(got) == 13 + 6  # every rejected item and line has its row
 
 
 def test_unavailable_server_is_retried(

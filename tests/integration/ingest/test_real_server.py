@@ -189,3 +189,56 @@ def test_embedded_job_killed_with_sigkill_and_rerun_equals_one_clean_run(
     assert len(expected["papers"]) == 400
     for table in expected:
         assert got[table] == expected[table], f"table {table} differs (seed {seed})"
+
+
+def _revision(revision: str, rel: tuple[str, str]) -> dict[str, Any]:
+    return {"paper_id": "arXiv:0001", "revision": revision,
+            "mentions": [{"id": "a", "text": "Quorbex Net", "type": "method"},
+                         {"id": "b", "text": "Vextral-10K", "type": "dataset"},
+                         {"id": "c", "text": "Ilse Marwood", "type": "person"}],
+            "relationships": [{"subject": rel[0], "predicate": "uses", "object": rel[1]}]}
+
+
+@pytest.mark.parametrize("one_job", [False, True], ids=["two-jobs", "one-job"])
+def test_a_new_revision_with_the_same_mentions_creates_nothing(
+        tmp_path: Path, real_server: str, one_job: bool) -> None:
+    """The server answers the new revision's batch (same paper, same mentions) with the first
+    revision's reply, `created` included; ingest neither counts nor stores those as new."""
+    import json
+
+    v1, v2 = tmp_path / "v1.jsonl", tmp_path / "v2.jsonl"
+    v1.write_text(json.dumps(_revision("v1", ("a", "b"))) + "\n", encoding="utf-8")
+    v2.write_text(json.dumps(_revision("v2", ("c", "a"))) + "\n", encoding="utf-8")
+    db = tmp_path / "graph.duckdb"
+    with GraphSink(db) as sink, IdentityClient(real_server, policy=POLICY) as client:
+        jobs = [[v1, v2]] if one_job else [[v1], [v2]]
+        summaries = [run_job(paths, sink=sink, resolver=client, options=JobOptions(concurrency=1))
+                     for paths in jobs]
+    assert sum(s.new_entities for s in summaries) == 3
+    assert summaries[-1].changed == 1
+    created = rows(db, "SELECT revision, count(*) FILTER (WHERE created) FROM mentions "
+                       "GROUP BY revision ORDER BY revision")
+    assert created == [("v1", 3), ("v2", 0)]
+
+
+def test_a_mention_the_server_refuses_is_named_by_its_place_in_the_paper(
+        tmp_path: Path, real_server: str) -> None:
+    """The server names a refused item by its place in the batch; after a mention rejected by
+    ingest itself those differ, so the reject must not carry the batch's number."""
+    import json
+
+    from ingest.models import Limits
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"paper_id": "p1", "relationships": [], "mentions": [
+        {"id": "a", "text": "", "type": "method"},
+        {"id": "b", "text": "y" * 520, "type": "method"},
+        {"id": "c", "text": "Quorbex", "type": "method"}]}) + "\n", encoding="utf-8")
+    db = tmp_path / "graph.duckdb"
+    with GraphSink(db) as sink, IdentityClient(real_server, policy=POLICY) as client:
+        run_job([src], sink=sink, resolver=client,
+                options=JobOptions(limits=Limits(max_mention_chars=600)))
+    got = dict(rows(db, "SELECT item, reason FROM rejects"))
+    assert set(got) == {"mentions[0]", "mentions[1]"}
+    assert "520 code points long; the limit is 512" in got["mentions[1]"]
+    assert "mention 0" not in got["mentions[1]"]

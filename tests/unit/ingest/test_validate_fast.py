@@ -90,7 +90,7 @@ CLEAN = [
     with_rel(evidence={"span": None, "quote": None, "note": "x"}),
     with_rel(evidence={"quote": 'q"uo\\te\n\t\x00\x7f\u2028 é € 😀 </script>'}),
     with_rel(evidence={"span": [0, 0]}),
-    with_rel(evidence={"span": [2**70, 2**71]}),
+    with_rel(evidence={"span": [2**63 - 1, 2**63 - 1]}),  # the largest a BIGINT column holds
     with_rel(predicate="Is_Used-By"),
     with_rel(predicate="something new", subject="m2", object="m1"),
     with_rel(subject="m1 ", object="m1") | {"mentions": [
@@ -138,6 +138,8 @@ DECLINED = [
     with_rel(evidence={"span": [True, 2]}),
     with_rel(evidence={"span": {"start": 1}}),
     with_rel(evidence={"span": "1-2"}),
+    with_rel(evidence={"span": [0, 2**63]}),  # past BIGINT: rejected, not a failed write
+    with_mention(span=[2**70, 2**71]),
     paper(relationships=[*paper()["relationships"], paper()["relationships"][0]]),
     paper(relationships=[7]),
     with_mention(text=""),
