@@ -40,6 +40,9 @@ class NameIndex:
         self._max_ordinal = 0
         self._bulk_anchors: list[str] | None = None  # load() packs the typo table once, at the end
         self._generation = 0  # moves on every put and discard: what lookups answer may differ
+        # Keys of live placeholders' names -> how many: a changed entity sharing none of them
+        # cannot be a new candidate of any placeholder's pair at rules 1-3 (one lookup to tell).
+        self._placeholder_keys: dict[str, int] = {}
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -71,6 +74,11 @@ class NameIndex:
             hops += 1
         return entity
 
+    def placeholder_near(self, entity: Entity) -> bool:
+        """Whether a live placeholder has a name sharing a key with one of entity's names."""
+        held = self._placeholder_keys
+        return bool(held) and any(n.key in held for n in entity.names)
+
     def with_key(self, k: str) -> Collection[str]:
         """Ids of the live entities with a name, alias or surface form whose key is k."""
         return values(self._by_key, k)
@@ -99,6 +107,9 @@ class NameIndex:
         self._generation += 1
         old = self._entities.get(eid)
         self._entities[eid] = entity
+        if entity.placeholder or (old is not None and old.placeholder):
+            self._count_placeholder_keys(old, -1)
+            self._count_placeholder_keys(entity, 1)
         after = entity.names if entity.status is not Status.MERGED else ()
         if old is None:
             self._index_new(eid, after)  # the start-up path: nothing to compare
@@ -155,8 +166,20 @@ class NameIndex:
     def discard(self, entity_id: str) -> None:
         self._generation += 1
         old = self._entities.pop(entity_id, None)
+        self._count_placeholder_keys(old, -1)
         if old is not None and old.status is not Status.MERGED:
             self._reindex(entity_id, old.names, ())
+
+    def _count_placeholder_keys(self, entity: Entity | None, step: int) -> None:
+        if entity is None or not entity.placeholder or entity.status is Status.MERGED:
+            return
+        held = self._placeholder_keys
+        for k in {n.key for n in entity.names}:
+            count = held.get(k, 0) + step
+            if count > 0:
+                held[k] = count
+            else:
+                held.pop(k, None)
 
     def _reindex(self, eid: str, before: tuple[Name, ...], after: tuple[Name, ...]) -> None:
         """Move eid's entries from the names `before` to the names `after`.

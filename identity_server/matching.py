@@ -117,6 +117,33 @@ def decide(index: IndexView, display: str, mention_type: str) -> Decision:
     return _typo(index, k, mention_type)
 
 
+def pair_candidates(index: IndexView, placeholder: Entity) -> tuple[Candidate, ...]:
+    """The best-ranked candidates of a placeholder's (display form, type) pair, decided as if
+    the placeholder did not exist (once it does, the pair usually finds it alone at rule 1):
+    what the placeholder is to be linked to, candidates that appeared since included."""
+    d = decide(_Without(index, placeholder.entity_id), placeholder.name, placeholder.entity_type)
+    return d.best if d.outcome in (Outcome.AMBIGUOUS, Outcome.CONVERGED) else ()
+
+
+class _Without:
+    """An index view that does not see one entity."""
+
+    __slots__ = ("_hidden", "_index")
+
+    def __init__(self, index: IndexView, hidden: str) -> None:
+        self._index = index
+        self._hidden = hidden
+
+    def get(self, entity_id: str) -> Entity | None:
+        return None if entity_id == self._hidden else self._index.get(entity_id)
+
+    def with_key(self, k: str) -> Collection[str]:
+        return self._index.with_key(k)
+
+    def typo_neighbours(self, k: str) -> Iterable[tuple[str, Collection[str]]]:
+        return self._index.typo_neighbours(k)
+
+
 def _typo(index: IndexView, k: str, mention_type: str) -> Decision:
     """Rule 4 over names and aliases; strong pairs (shorter key 6+) outrank weak ones (4-5)."""
     strong: dict[str, set[str]] = {}  # entity id -> the anchor keys through which it matched
@@ -183,4 +210,14 @@ def _weak(rule: Rule, found: list[Candidate], mention_type: str) -> Decision:
     return Decision(Outcome.WEAK, rule, tuple(found), _best(found, mention_type))
 
 
-__all__ = ["NEW_DECISION", "OTHER", "Candidate", "Decision", "IndexView", "Outcome", "decide", "rank"]
+__all__ = [
+    "NEW_DECISION",
+    "OTHER",
+    "Candidate",
+    "Decision",
+    "IndexView",
+    "Outcome",
+    "decide",
+    "pair_candidates",
+    "rank",
+]

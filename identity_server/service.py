@@ -34,7 +34,7 @@ from identity_server.domain import (
 )
 from identity_server.errors import EntityNotFound, FailedPrecondition, InvalidArgument
 from identity_server.index import NameIndex
-from identity_server.matching import Decision, Outcome, decide
+from identity_server.matching import Decision, Outcome, decide, pair_candidates
 from identity_server.normalize import display_form, key, warm_up
 from identity_server.store.sql import ChangeRecord, LinkRow, SqlStore, Tx
 from identity_server.unit import DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
@@ -225,6 +225,7 @@ class IdentityService:
                         self._catch_up(tx)
                     unit = Unit(tx, self.index, self._seq)
                     result = work(unit)
+                    self._link_placeholders_to_later_candidates(unit)
                     unit.flush()
                 self._seq = unit.seq
                 self._settle_after_own_commit()
@@ -236,6 +237,31 @@ class IdentityService:
                     with self.store.read() as tx:
                         self._reload(tx, unit.touched)
                 raise
+
+    def _link_placeholders_to_later_candidates(self, u: Unit) -> None:
+        """SPEC: a placeholder is linked to every best-ranked candidate of its pair, 'including
+        candidates that appear later'. An entity this unit gave a name, a type or a status may be
+        one: each placeholder sharing a key with it has its pair decided again without itself,
+        and is linked to the best (a pair a curator settled stays settled). Rules 1-3 share a
+        key; a candidate only a typo away is linked at the pair's next ambiguous resolve."""
+        checked: set[str] = set()
+        index = self.index
+        for eid in list(u.touched):
+            entity = index.get(eid)
+            if (entity is None or entity.placeholder or entity.status is Status.MERGED
+                    or not index.placeholder_near(entity)):
+                continue
+            for k in {n.key for n in entity.names}:
+                for pid in index.with_key(k):
+                    if pid in checked or pid == eid:
+                        continue
+                    checked.add(pid)
+                    placeholder = index.get(pid)
+                    if (placeholder is None or not placeholder.placeholder
+                            or placeholder.status is Status.MERGED):
+                        continue
+                    for c in pair_candidates(index, placeholder):
+                        u.link(pid, c.entity.entity_id)
 
     def _schedule_typo_pack(self) -> None:
         """Start packing the typo overlay in the background when enough anchors wait in it

@@ -344,6 +344,33 @@ def test_placeholder_linked_to_candidates_that_appear_later(service: IdentitySer
     assert links(service) == {pair(ph, "J1"), pair(ph, "J2"), pair(ph, "J3")}
 
 
+def test_placeholder_linked_to_a_later_candidate_it_no_longer_meets(
+        service: IdentityService) -> None:
+    """Once a placeholder exists, its pair finds it alone at rule 1; a candidate that appears
+    later (here: imported) is still linked, as soon as it appears, and a pair a curator
+    called distinct is not proposed again."""
+    load(service, rec("Q40", "Higgs boson", "concept"), rec("Q41", "Higgs Boson", "concept"))
+    r = service.resolve("HIGGS BOSON", "concept")  # ambiguous at rule 2
+    ph = r.entity_id
+    assert (r.match_kind, set(r.possibly_same_as)) == (AMBIG, {"Q40", "Q41"})
+    service.settle(ph, "Q40", "distinct", actor="curator", reason="not the particle page")
+    load(service, rec("Q42", "higgs boson", "concept"), rec("Q43", "Higgs boson", "place"))
+    assert links(service) == {pair(ph, "Q41"), pair(ph, "Q42")}  # Q43: another type
+    again = service.resolve("HIGGS BOSON", "concept")
+    assert (again.entity_id, again.match_kind, again.candidates) == (ph, EXACT, (ph,))
+    assert links(service) == {pair(ph, "Q41"), pair(ph, "Q42")}
+
+
+def test_placeholder_linked_to_an_entity_that_becomes_a_candidate(
+        service: IdentityService) -> None:
+    """A candidate can also appear by taking a name (an alias added by a curator)."""
+    load(service, rec("J1", "Jane Roe", "person"), rec("J2", "Jane Roe", "person"),
+         rec("J3", "J. Roe", "person"))
+    ph = service.resolve("JANE ROE", "person").entity_id
+    service.add_alias("J3", "jane roe")
+    assert links(service) == {pair(ph, "J1"), pair(ph, "J2"), pair(ph, "J3")}
+
+
 def test_placeholder_not_merged_when_one_canonical_has_its_key(service: IdentityService) -> None:
     """Placeholders are never 'merged on import', even where a plain provisional would be."""
     load(service, rec("J1", "John Smith", "person"), rec("J2", "John Smith", "person"))
