@@ -407,6 +407,7 @@ class GraphSink:
                 self._close(close_db, now)
             if pending:
                 self._insert_papers(pending, now, outcome)
+                self._clear_refusals(pending)
             if rejects:
                 self._insert_rejects(rejects.table())
             self._con.commit()
@@ -540,6 +541,23 @@ class GraphSink:
             self._con.execute(f"INSERT INTO {name} ({columns}) SELECT {columns} FROM _new")
         finally:
             self._con.unregister("_new")
+
+    def _clear_refusals(self, pending: list[_Pending]) -> None:
+        """A paper stored now is no longer a rejected line: the whole-paper reject of the same
+        content that an earlier run recorded (the server refused it then, e.g. while failing)
+        goes, so a run after a failure ends like one clean run. Only a refusal can be such a
+        reject: the input's own checks would reject the same content again."""
+        stored = pa.table({
+            "paper_id": pa.array([e.resolved.paper.paper_id for e in pending], pa.string()),
+            "content_hash": pa.array([e.resolved.paper.content_hash for e in pending],
+                                     pa.string())})
+        self._con.register("_stored_now", stored)
+        try:
+            self._con.execute(
+                "DELETE FROM rejects USING _stored_now s WHERE rejects.item = '' "
+                "AND rejects.paper_id = s.paper_id AND rejects.content_hash = s.content_hash")
+        finally:
+            self._con.unregister("_stored_now")
 
     def _insert_rejects(self, table: pa.Table) -> None:
         self._con.register("_new", table)

@@ -305,6 +305,11 @@ def test_non_retryable_error_rejects_the_paper_only(
     assert summary.ingested == 1 and summary.rejected_lines == 1
     assert "identity server refused the paper" in rows(
         tmp_path / "g.duckdb", "SELECT reason FROM rejects")[0][0]
+    # Run again with the server well: the paper is stored and its reject is gone, as in one
+    # clean run.
+    again, _ = ingest([corpus], tmp_path / "g.duckdb", stub.address, concurrency=1)
+    assert (again.ingested, again.unchanged, again.rejected_lines) == (1, 1, 0)
+    assert rows(tmp_path / "g.duckdb", "SELECT count(*) FROM rejects") == [(0,)]
 
 
 def test_merge_on_the_server_shows_through_the_views_after_sync(
