@@ -75,7 +75,9 @@ def start_server(settings: Settings, *, service: IdentityService | None = None) 
         options=GRPC_OPTIONS,
     )
     pb_grpc.add_IdentityServiceServicer_to_server(
-        IdentityServicer(service, admin_token=settings.admin_token), server
+        IdentityServicer(service, admin_token=settings.admin_token,
+                         max_followers=max(1, settings.max_workers // 4)),
+        server
     )
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -7,6 +7,7 @@ import functools
 import hmac
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -97,9 +98,14 @@ def _count(request: Any) -> int:
 
 
 class IdentityServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
-    def __init__(self, service: IdentityService, *, admin_token: str | None) -> None:
+    def __init__(self, service: IdentityService, *, admin_token: str | None,
+                 max_followers: int = 4) -> None:
         self.service = service
         self.admin_token = admin_token
+        # A following ListChanges stream holds a handler thread for its whole life: capped, so
+        # followers (or clients that stop reading) can never take every thread from other calls.
+        self.max_followers = max_followers
+        self._followers = threading.BoundedSemaphore(max_followers)
 
     def _check_admin(self, context: grpc.ServicerContext) -> None:
         if not self.admin_token:
@@ -202,6 +208,19 @@ class IdentityServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
         if request.after_sequence < 0 or request.limit < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "after_sequence and limit must not be negative")
+        if request.follow and not self._followers.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"this server already has {self.max_followers} following ListChanges "
+                          "streams (each holds a handler thread); read without follow and poll, "
+                          "or retry later")
+        try:
+            yield from self._changes(request, context)
+        finally:
+            if request.follow:
+                self._followers.release()
+
+    def _changes(self, request: pb.ListChangesRequest,
+                 context: grpc.ServicerContext) -> Iterator[pb.ListChangesResponse]:
         after, sent = request.after_sequence, 0
         limit = request.limit or None
         logger.info("rpc method=ListChanges after=%d follow=%s", after, request.follow)
