@@ -71,6 +71,9 @@ def _parse_jsonl(lines: Iterable[str]) -> Iterator[AuthorityRecord | RecordError
         except json.JSONDecodeError as e:
             yield RecordError(number, f"not valid JSON: {e.msg} at column {e.colno}")
             continue
+        except RecursionError:
+            yield RecordError(number, "JSON nested too deeply to be read")
+            continue
         if not isinstance(obj, dict):
             yield RecordError(number, "a record must be a JSON object")
             continue

@@ -45,7 +45,10 @@ PACK_RETRY_AFTER_S = 60.0  # after a failed typo pack, the next waits this long
 T = TypeVar("T")
 
 IMPORT_CHUNK = 1000
-MAX_ID_LENGTH = 512
+MAX_ID_LENGTH = 512  # entity ids and context (paper) ids
+MAX_TYPE_LENGTH = 128  # a mention's type as given (kept with the evidence)
+MAX_ACTOR_LENGTH = 512
+MAX_REASON_LENGTH = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,6 +363,9 @@ class IdentityService:
     # -- checking input --------------------------------------------------------------------------
 
     def parse_mention(self, mention: str, entity_type: str) -> Mention:
+        if len(entity_type) > MAX_TYPE_LENGTH:
+            raise InvalidArgument(f"type is {len(entity_type)} characters long; the limit is "
+                                  f"{MAX_TYPE_LENGTH}")
         display = display_form(mention)
         if not display:
             raise InvalidArgument("mention is empty (nothing left after normalisation)")
@@ -377,7 +383,7 @@ class IdentityService:
         return Mention(display, self.config.vocabulary.for_mention(entity_type), entity_type)
 
     def _live(self, entity_id: str) -> Entity:
-        entity = self.index.live(entity_id) if entity_id else None
+        entity = self.index.live(_checked_id(entity_id)) if entity_id else None
         if entity is None:
             raise EntityNotFound(f"no entity with id {entity_id!r}")
         return entity
@@ -386,6 +392,7 @@ class IdentityService:
 
     def resolve(self, mention: str, entity_type: str, *, context_id: str = "",
                 lookup_only: bool = False) -> ResolveResult:
+        _check_context(context_id)
         m = self.parse_mention(mention, entity_type)
         if lookup_only:
             return self._answer(lambda: self._look(m))
@@ -400,6 +407,7 @@ class IdentityService:
     def resolve_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
                       lookup_only: bool = False) -> list[ResolveResult | ItemError]:
         """Resolve in order, in one transaction; a repeated request gets the first reply."""
+        _check_context(context_id)
         if len(mentions) > self.config.max_batch_size:
             raise InvalidArgument(
                 f"batch has {len(mentions)} mentions; the limit is {self.config.max_batch_size}"
@@ -606,7 +614,7 @@ class IdentityService:
 
     def get_entity(self, entity_id: str) -> EntityView:
         def work(tx: Tx) -> EntityView:
-            entity = self.index.get(entity_id) if entity_id else None
+            entity = self.index.get(_checked_id(entity_id)) if entity_id else None
             if entity is None:
                 raise EntityNotFound(f"no entity with id {entity_id!r}")
             return self._view(tx, entity)
@@ -698,6 +706,9 @@ class IdentityService:
             raise InvalidArgument("decision must be SAME or DISTINCT")
         if not actor.strip() or not reason.strip():
             raise InvalidArgument("a decision records who made it and why: give actor and reason")
+        if len(actor) > MAX_ACTOR_LENGTH or len(reason) > MAX_REASON_LENGTH:
+            raise InvalidArgument(f"actor is at most {MAX_ACTOR_LENGTH} characters and reason "
+                                  f"at most {MAX_REASON_LENGTH}")
 
         def work(u: Unit) -> EntityView:
             a, b = self._live(entity_id), self._live(other_id)
@@ -830,6 +841,21 @@ class IdentityService:
                     linked = [c for c in targets if u.link(p.entity_id, c.entity_id)]
                     if linked:
                         counts["linked"] += 1
+
+
+def _check_context(context_id: str) -> None:
+    if len(context_id) > MAX_ID_LENGTH:
+        raise InvalidArgument(f"context id is {len(context_id)} characters long; the limit is "
+                              f"{MAX_ID_LENGTH}")
+
+
+def _checked_id(entity_id: str) -> str:
+    """An id as asked for; one longer than any id can be is refused without echoing it whole
+    (a message that size would not fit in the reply's metadata)."""
+    if len(entity_id) > MAX_ID_LENGTH:
+        raise InvalidArgument(f"id is {len(entity_id)} characters long; ids are at most "
+                              f"{MAX_ID_LENGTH} ({entity_id[:40]!r}...)")
+    return entity_id
 
 
 def _takes_type(e: Entity, m: Mention) -> bool:

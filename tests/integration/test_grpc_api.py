@@ -876,3 +876,77 @@ def test_each_call_is_logged_admin_and_failed_ones_at_info(
         (logging.INFO, "method=Resolve", "code=INVALID_ARGUMENT"),
         (logging.INFO, "method=Promote", "code=OK"),
     ]
+
+
+def test_following_streams_are_capped_so_other_calls_keep_their_threads(db_url: str) -> None:
+    """A following ListChanges holds a handler thread for its life; with 4 threads, one may
+    follow, a second gets RESOURCE_EXHAUSTED, and other calls are still served meanwhile."""
+    running = start_server(Settings(db_url=db_url, port=0, max_workers=4))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            stub = Stub(ch)
+            first = stub.ListChanges(pb.ListChangesRequest(follow=True), timeout=T)
+            made = stub.Resolve(pb.ResolveRequest(mention="Quorbex", entity_type="tool"),
+                                timeout=T)
+            assert next(first).change.entity_id == made.entity_id  # following, and served
+            with pytest.raises(grpc.RpcError) as refused:
+                next(iter(stub.ListChanges(pb.ListChangesRequest(follow=True), timeout=T)))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "following ListChanges" in (refused.value.details() or "")
+            for i in range(8):  # more calls than threads: none waits on the follower
+                stub.Resolve(pb.ResolveRequest(mention=f"Thing {i}", entity_type="tool"),
+                             timeout=T)
+            first.cancel()
+            again = stub.ListChanges(pb.ListChangesRequest(follow=True), timeout=T)
+            deadline = threading.Event()
+            for _ in range(50):  # the cancelled stream's slot comes back
+                try:
+                    assert next(again).change.sequence == 1
+                    break
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    deadline.wait(0.1)
+                    again = stub.ListChanges(pb.ListChangesRequest(follow=True), timeout=T)
+            else:
+                pytest.fail("a following stream never got its slot back")
+            again.cancel()
+    finally:
+        running.stop(grace=0)
+
+
+def test_oversized_ids_contexts_types_and_decisions_are_refused_briefly(stub: Stub) -> None:
+    """Input sizes are capped: ids and context ids at 512 characters, types at 128, a
+    decision's actor and reason at 512 and 4,096. The refusal names the size and fits in a
+    reply (a 100 KB id echoed whole would not)."""
+    huge = "Q" * 100_000
+    for call in (lambda: get(stub, huge),
+                 lambda: stub.Promote(pb.PromoteRequest(entity_id=huge), metadata=ADMIN,
+                                      timeout=T),
+                 lambda: stub.Merge(pb.MergeRequest(source_id=huge, target_id="x"),
+                                    metadata=ADMIN, timeout=T)):
+        err = fails(call)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "100000 characters long" in (err.details() or "")
+        assert len(err.details() or "") < 200
+    err = fails(lambda: resolve(stub, "Quorbex", "tool", context_id="p" * 513))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "context id" in err.details()
+    err = fails(lambda: batch(stub, [("Quorbex", "tool")], context_id="p" * 513))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    r = batch(stub, [("Quorbex", "t" * 129), ("Quorbex", "tool")]).results
+    assert "type is 129 characters long" in r[0].error.message
+    assert r[1].HasField("resolved")
+    assert resolve(stub, "Quorbex", "t" * 128).entity_id  # at the limit: read as `other`
+    err = fails(lambda: stub.SettlePossiblySameAs(pb.SettlePossiblySameAsRequest(
+        entity_id="a", other_id="b", decision=pb.SAME, actor="x" * 513, reason="why"),
+        metadata=ADMIN, timeout=T))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_import_refuses_a_line_nested_too_deeply_and_keeps_the_rest(stub: Stub) -> None:
+    data = ('{"id": "Q1", "name": "Ada Lovelace", "type": "person"}\n'
+            + "[" * 100_000 + "]" * 100_000 + "\n"
+            + '{"id": "Q2", "name": "Alan Turing", "type": "person"}\n').encode()
+    report = import_data(stub, data, fmt=pb.AUTHORITY_FORMAT_JSONL)
+    assert report.imported == 2
+    assert [(e.line, e.message) for e in report.errors] == [
+        (2, "JSON nested too deeply to be read")]
