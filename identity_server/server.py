@@ -13,10 +13,9 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from identity_api.v1 import identity_service_pb2 as pb
-from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
 from identity_server.domain import TypeVocabulary
+from identity_server.handlers import SERVICE, add_identity_service
 from identity_server.service import IdentityService, ServiceConfig
 from identity_server.servicer import IdentityServicer
 from identity_server.settings import Settings
@@ -24,7 +23,7 @@ from identity_server.store.sql import SqlStore
 
 logger = logging.getLogger(__name__)
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["IdentityService"].full_name
+SERVICE_NAME = SERVICE.full_name
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a full batch of 5,000 mentions of 512 code points fits
 
 # Shared by the server and the benchmarks' echo baseline, so both run the same gRPC stack.
@@ -74,7 +73,7 @@ def start_server(settings: Settings, *, service: IdentityService | None = None) 
         futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="rpc"),
         options=GRPC_OPTIONS,
     )
-    pb_grpc.add_IdentityServiceServicer_to_server(
+    add_identity_service(
         IdentityServicer(service, admin_token=settings.admin_token,
                          max_followers=max(1, settings.max_workers // 4)),
         server

@@ -950,3 +950,22 @@ def test_import_refuses_a_line_nested_too_deeply_and_keeps_the_rest(stub: Stub) 
     assert report.imported == 2
     assert [(e.line, e.message) for e in report.errors] == [
         (2, "JSON nested too deeply to be read")]
+
+
+def test_a_request_that_does_not_decode_is_invalid_argument(server: RunningServer) -> None:
+    """Raw bytes that are not a valid message (a string field that is not UTF-8, a truncated
+    message) get INVALID_ARGUMENT naming the message, not INTERNAL, for unary and streaming
+    calls alike; the server goes on serving."""
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        resolve_raw = ch.unary_unary("/identity.v1.IdentityService/Resolve")
+        import_raw = ch.stream_unary("/identity.v1.IdentityService/ImportAuthority")
+        for raw in (b"\x0a\x02\xff\xfe", b"\x0a\x05ab"):  # mention: not UTF-8; truncated
+            with pytest.raises(grpc.RpcError) as bad:
+                resolve_raw(raw, timeout=T)
+            assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "not a valid ResolveRequest" in (bad.value.details() or "")
+        with pytest.raises(grpc.RpcError) as bad:
+            import_raw(iter([b"\x0a\x05ab"]), metadata=ADMIN, timeout=T)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid ImportAuthorityRequest" in (bad.value.details() or "")
+        assert resolve(Stub(ch), "Quorbex", "tool").created

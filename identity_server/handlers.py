@@ -1,0 +1,93 @@
+"""IdentityService's gRPC method handlers, built from the service descriptor, with request
+decoding that never raises.
+
+grpcio answers a request its deserializer rejects (a string field that is not UTF-8, a truncated
+message) with INTERNAL "Exception deserializing request!", logs a traceback, and, in grpcio 1.85,
+keeps memory each time: any client could grow the server without bound. Here a request that
+does not decode becomes a marker that the handler turns into INVALID_ARGUMENT naming what was
+wrong; everything else is what the generated `add_IdentityServiceServicer_to_server` registers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+from identity_api.v1 import identity_service_pb2 as pb
+
+from identity_server.errors import InvalidArgument
+
+SERVICE = pb.DESCRIPTOR.services_by_name["IdentityService"]
+
+_HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler[Any, Any]]] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+class Undecodable:
+    """A request (or a message of a request stream) that is not a valid protobuf message."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _decoder(message: type[Message]) -> Callable[[bytes], Message | Undecodable]:
+    def decode(data: bytes) -> Message | Undecodable:
+        try:
+            return message.FromString(data)
+        except DecodeError as e:
+            return Undecodable(str(e) or "cannot be parsed")
+    return decode
+
+
+def _complaint(method: str, message: type[Message], bad: Undecodable) -> str:
+    return (f"{method}: the request is not a valid {message.__name__} message ({bad.reason}); "
+            "string fields must be UTF-8")
+
+
+def _guarded(method: str, message: type[Message], behaviour: Callable[..., Any],
+             client_streaming: bool) -> Callable[..., Any]:
+    if client_streaming:
+        def streaming(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            def checked() -> Iterator[Any]:
+                for request in requests:
+                    if isinstance(request, Undecodable):
+                        # Raised inside the servicer, which maps it to INVALID_ARGUMENT.
+                        raise InvalidArgument(_complaint(method, message, request))
+                    yield request
+            return behaviour(checked(), context)
+        return streaming
+
+    def unary(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _complaint(method, message, request))
+        return behaviour(request, context)
+    return unary
+
+
+def add_identity_service(servicer: object, server: grpc.Server) -> None:
+    """Register servicer's IdentityService methods on server (as the generated code does)."""
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in SERVICE.methods:
+        request = getattr(pb, method.input_type.name)
+        response = getattr(pb, method.output_type.name)
+        kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = kind(
+            _guarded(method.name, request, getattr(servicer, method.name),
+                     method.client_streaming),
+            request_deserializer=_decoder(request),
+            response_serializer=response.SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+    server.add_registered_method_handlers(SERVICE.full_name, handlers)
+
+
+__all__ = ["SERVICE", "Undecodable", "add_identity_service"]
