@@ -32,7 +32,13 @@ from identity_server.domain import (
     is_provisional_id,
     types_compatible,
 )
-from identity_server.errors import EntityNotFound, FailedPrecondition, InvalidArgument
+from identity_server.errors import (
+    EntityNotFound,
+    FailedPrecondition,
+    IdentityError,
+    InvalidArgument,
+    StoreUnavailable,
+)
 from identity_server.index import NameIndex
 from identity_server.matching import Decision, Outcome, decide, pair_candidates
 from identity_server.normalize import display_form, key, warm_up
@@ -755,19 +761,38 @@ class IdentityService:
                     progress(len(chunk))
                 chunk.clear()
 
-        for item in parse_authority(lines, fmt):
-            if isinstance(item, RecordError):
-                errors.append(item)
-                continue
-            chunk.append(item)
-            if len(chunk) >= IMPORT_CHUNK:
-                flush()
-        flush()
+        try:
+            for item in parse_authority(lines, fmt):
+                if isinstance(item, RecordError):
+                    errors.append(item)
+                    continue
+                chunk.append(item)
+                if len(chunk) >= IMPORT_CHUNK:
+                    flush()
+            flush()
+        except StoreUnavailable:
+            raise
+        except Exception as e:
+            # The input broke off (bad bytes, a cancelled stream): the chunks committed before
+            # stay, so they get their import merges too, and the error says what was kept.
+            try:
+                self._merge_imported(keys, counts)
+            except Exception:
+                logger.exception("import merges after a failed import failed")
+            if isinstance(e, IdentityError):
+                raise type(e)(
+                    f"{e}; {counts['imported']} records from before it were imported (with "
+                    "their merges) and the rest were not: import the corrected file again "
+                    "(records already imported are replaced, not duplicated)") from e
+            raise
+        self._merge_imported(keys, counts)
+        return ImportReport(errors=tuple(sorted(errors, key=lambda e: e.line)), **counts)
+
+    def _merge_imported(self, keys: dict[str, None], counts: dict[str, int]) -> None:
         pending = list(keys)
         for i in range(0, len(pending), IMPORT_CHUNK):
             part = pending[i : i + IMPORT_CHUNK]
             self._write(lambda u, part=part: self._import_merges(u, part, counts))  # type: ignore[misc]
-        return ImportReport(errors=tuple(sorted(errors, key=lambda e: e.line)), **counts)
 
     def _import_chunk(self, u: Unit, records: list[AuthorityRecord], counts: dict[str, int],
                       keys: dict[str, None], errors: list[RecordError]) -> None:

@@ -969,3 +969,19 @@ def test_a_request_that_does_not_decode_is_invalid_argument(server: RunningServe
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "not a valid ImportAuthorityRequest" in (bad.value.details() or "")
         assert resolve(Stub(ch), "Quorbex", "tool").created
+
+
+def test_an_import_that_breaks_off_keeps_its_committed_records_merged_and_says_so(
+        stub: Stub) -> None:
+    """Bad bytes after the first 1,000-record transaction: those records stay imported, the
+    provisional entity one of them names is merged into it as after a whole import, and the
+    error says how many records were kept."""
+    made = resolve(stub, "Nuclear Magnetic Resonance", "method")
+    records = [{"id": "Q0", "name": "nuclear magnetic resonance", "type": "method"}] + [
+        {"id": f"Q{i}", "name": f"Record Number {i}", "type": "other"} for i in range(1, 1500)]
+    data = jsonl(records) + b'{"id": "Q-bad", "name": "caf\xe9", "type": "other"}\n'
+    err = fails(lambda: import_data(stub, data, size=8192))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "1000 records from before it were imported" in (err.details() or "")
+    assert get(stub, "Q0").name == "nuclear magnetic resonance"
+    assert get(stub, made.entity_id).redirect_to == "Q0"
