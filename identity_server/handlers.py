@@ -1,11 +1,11 @@
-"""IdentityService's gRPC method handlers, built from the service descriptor, with request
-decoding that never raises.
+"""gRPC method handlers built from a service descriptor, with request decoding that never raises.
 
 grpcio answers a request its deserializer rejects (a string field that is not UTF-8, a truncated
 message) with INTERNAL "Exception deserializing request!", logs a traceback, and, in grpcio 1.85,
 keeps memory each time: any client could grow the server without bound. Here a request that
 does not decode becomes a marker that the handler turns into INVALID_ARGUMENT naming what was
-wrong; everything else is what the generated `add_IdentityServiceServicer_to_server` registers.
+wrong; everything else is what the generated `add_..._to_server` functions register. Used for
+IdentityService and the standard health service (both unauthenticated to call).
 """
 
 from __future__ import annotations
@@ -74,10 +74,16 @@ def _guarded(method: str, message: type[Message], behaviour: Callable[..., Any],
 
 def add_identity_service(servicer: object, server: grpc.Server) -> None:
     """Register servicer's IdentityService methods on server (as the generated code does)."""
+    add_service(servicer, server, SERVICE, pb)
+
+
+def add_service(servicer: object, server: grpc.Server, service: Any, messages: Any) -> None:
+    """Register servicer's methods of `service` (a ServiceDescriptor whose messages are in the
+    generated module `messages`) on server."""
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-    for method in SERVICE.methods:
-        request = getattr(pb, method.input_type.name)
-        response = getattr(pb, method.output_type.name)
+    for method in service.methods:
+        request = getattr(messages, method.input_type.name)
+        response = getattr(messages, method.output_type.name)
         kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = kind(
             _guarded(method.name, request, getattr(servicer, method.name),
@@ -86,8 +92,8 @@ def add_identity_service(servicer: object, server: grpc.Server) -> None:
             response_serializer=response.SerializeToString,
         )
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
-    server.add_registered_method_handlers(SERVICE.full_name, handlers)
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
 
 
-__all__ = ["SERVICE", "Undecodable", "add_identity_service"]
+__all__ = ["SERVICE", "Undecodable", "add_identity_service", "add_service"]

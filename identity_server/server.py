@@ -11,11 +11,11 @@ from pathlib import Path
 from types import FrameType
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from identity_server.domain import TypeVocabulary
-from identity_server.handlers import SERVICE, add_identity_service
+from identity_server.handlers import SERVICE, add_identity_service, add_service
 from identity_server.service import IdentityService, ServiceConfig
 from identity_server.servicer import IdentityServicer
 from identity_server.settings import Settings
@@ -79,7 +79,8 @@ def start_server(settings: Settings, *, service: IdentityService | None = None) 
         server
     )
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    add_service(health_servicer, server, health_pb2.DESCRIPTOR.services_by_name["Health"],
+                health_pb2)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )

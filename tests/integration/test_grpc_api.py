@@ -968,6 +968,9 @@ def test_a_request_that_does_not_decode_is_invalid_argument(server: RunningServe
             import_raw(iter([b"\x0a\x05ab"]), metadata=ADMIN, timeout=T)
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "not a valid ImportAuthorityRequest" in (bad.value.details() or "")
+        with pytest.raises(grpc.RpcError) as bad:  # the health service, unauthenticated too
+            ch.unary_unary("/grpc.health.v1.Health/Check")(b"\x0a\x02\xff\xfe", timeout=T)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert resolve(Stub(ch), "Quorbex", "tool").created
 
 
