@@ -407,9 +407,10 @@ class GraphSink:
                 self._close(close_db, now)
             if pending:
                 self._insert_papers(pending, now, outcome)
-                self._clear_refusals(pending)
             if rejects:
                 self._insert_rejects(rejects.table())
+            if pending:  # after this group's own rejects: the same content may be among them
+                self._clear_refusals(pending)
             self._con.commit()
         except duckdb.Error as e:
             self._rollback()
