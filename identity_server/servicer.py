@@ -76,6 +76,9 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
                 code = STATUS_CODES.get(type(e), grpc.StatusCode.INTERNAL)
                 context.abort(code, str(e))
             except Exception:
+                if not context.is_active():  # the client went away (cancelled, deadline): no fault
+                    code = grpc.StatusCode.CANCELLED
+                    context.abort(code, "the client cancelled the call")
                 code = grpc.StatusCode.INTERNAL
                 logger.exception("%s failed", name)
                 context.abort(code, "internal error; the server log has the details")

@@ -988,3 +988,30 @@ def test_an_import_that_breaks_off_keeps_its_committed_records_merged_and_says_s
     assert "1000 records from before it were imported" in (err.details() or "")
     assert get(stub, "Q0").name == "nuclear magnetic resonance"
     assert get(stub, made.entity_id).redirect_to == "Q0"
+
+
+def test_an_import_the_client_cancels_is_logged_as_cancelled_not_as_a_fault(
+        stub: Stub, caplog: pytest.LogCaptureFixture) -> None:
+    sent = threading.Event()
+    release = threading.Event()
+
+    def chunks() -> Iterator[pb.ImportAuthorityRequest]:
+        yield pb.ImportAuthorityRequest(
+            format=pb.AUTHORITY_FORMAT_JSONL,
+            data=b'{"id": "Q1", "name": "Ada Lovelace", "type": "person"}\n')
+        sent.set()
+        release.wait(T)  # the stream stays open until the client cancels
+
+    with caplog.at_level(logging.DEBUG, logger="identity_server.servicer"):
+        call = stub.ImportAuthority.future(chunks(), metadata=ADMIN, timeout=T)
+        assert sent.wait(T)
+        call.cancel()
+        release.set()
+        for _ in range(100):  # the handler notices the cancel on its next read of the stream
+            if any("method=ImportAuthority" in r.getMessage() for r in caplog.records):
+                break
+            threading.Event().wait(0.05)
+    ours = [r for r in caplog.records if r.name == "identity_server.servicer"]
+    assert [r.getMessage().split()[-1] for r in ours
+            if "method=ImportAuthority" in r.getMessage()] == ["code=CANCELLED"]
+    assert not [r for r in ours if r.levelno >= logging.ERROR]
