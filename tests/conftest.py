@@ -63,7 +63,7 @@ def pg_url() -> Iterator[str]:
         import psycopg
 
         conn = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
-    except Exception as e:  # noqa: BLE001 - any failure to connect means "no PostgreSQL here"
+    except Exception as e:  # any failure to connect means "no PostgreSQL here"
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but PostgreSQL at 127.0.0.1:5432 does not answer: {e}")
         pytest.skip(f"no PostgreSQL at 127.0.0.1:5432 ({e}); set CI to make this a failure")

@@ -16,13 +16,13 @@ from typing import Any
 
 import grpc
 import pytest
-
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
 from identity_server.server import RunningServer, start_server
 from identity_server.settings import Settings
-
 from tests.conftest import ADMIN, ADMIN_TOKEN
+
 T = 10.0  # deadline of every call, in seconds
 
 Stub = pb_grpc.IdentityServiceStub

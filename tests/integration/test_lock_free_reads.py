@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
@@ -30,7 +30,7 @@ class CountingLock:
         self._lock = threading.RLock()
         self.taken = 0
 
-    def __enter__(self) -> CountingLock:
+    def __enter__(self) -> Self:
         self._lock.acquire()
         self.taken += 1
         return self

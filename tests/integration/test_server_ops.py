@@ -29,9 +29,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
 from identity_server.server import RunningServer, start_server
 from identity_server.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN
@@ -383,7 +383,7 @@ def test_cli_import_reports_refused_lines(tmp_path: Path) -> None:
     )
     for path, refused in ((jsonl, [2, 4]), (csv, [3])):
         done = subprocess.run([str(CLI), "import", str(path), "--db", db_url],
-                              capture_output=True, text=True, env=_env(), timeout=30)
+                              check=False, capture_output=True, text=True, env=_env(), timeout=30)
         assert done.returncode == 1, done.stderr  # some refused; the rest imported
         assert "imported 2 records" in done.stdout, done.stdout
         for line in refused:
@@ -398,7 +398,7 @@ def test_cli_import_reports_refused_lines(tmp_path: Path) -> None:
     missing = tmp_path / "missing.jsonl"
     for path, code in ((clean, 0), (missing, 2)):
         done = subprocess.run([str(CLI), "import", str(path), "--db", db_url],
-                              capture_output=True, text=True, env=_env(), timeout=30)
+                              check=False, capture_output=True, text=True, env=_env(), timeout=30)
         assert done.returncode == code, done.stderr
         assert "Traceback" not in done.stderr
     assert f"error: cannot read {missing}: No such file or directory" in done.stderr
@@ -418,20 +418,20 @@ def test_cli_resolve_prints_the_id(db_url: str) -> None:
         address = f"127.0.0.1:{running.port}"
         done = subprocess.run(
             [str(CLI), "resolve", "ada lovelace", "--type", "person", "--server", address],
-            capture_output=True, text=True, env=_env(), timeout=30,
+            check=False, capture_output=True, text=True, env=_env(), timeout=30,
         )
         assert done.returncode == 0, done.stderr
-        fields = dict(
-            (k.strip(), v.strip()) for k, v in
+        fields = {
+            k.strip(): v.strip() for k, v in
             (line.split(":", 1) for line in done.stdout.splitlines() if ":" in line)
-        )
+        }
         assert fields["entity_id"] == "Q-ADA" and fields["match_kind"] == "CASE"
         assert fields["status"] == "CANONICAL"
 
     # The server is gone now: the command says so and fails.
     done = subprocess.run(
         [str(CLI), "resolve", "Ada Lovelace", "--server", address, "--timeout", "3"],
-        capture_output=True, text=True, env=_env(), timeout=30,
+        check=False, capture_output=True, text=True, env=_env(), timeout=30,
     )
     assert done.returncode != 0 and "UNAVAILABLE" in done.stderr
 
@@ -464,7 +464,7 @@ def _self_signed(directory: Path) -> tuple[Path, Path]:
         return cert, key
     private = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     certificate = (
         x509.CertificateBuilder().subject_name(name).issuer_name(name)
         .public_key(private.public_key()).serial_number(x509.random_serial_number())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import unicodedata
 
 import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -118,9 +117,9 @@ def oracle_one_edit(a: str, b: str) -> bool:
                 return True
     if len(a) == len(b):
         for i in range(len(a)):
-            if a[i] != b[i] and a[:i] + b[i] + a[i + 1 :] == b:
-                if not _guarded(a, i) and not _guarded(b, i):
-                    return True
+            if (a[i] != b[i] and a[:i] + b[i] + a[i + 1 :] == b
+                    and not _guarded(a, i) and not _guarded(b, i)):
+                return True
             if i + 1 < len(a) and a[i] != a[i + 1]:
                 swapped = a[:i] + a[i + 1] + a[i] + a[i + 2 :]
                 if swapped == b and not any(_guarded(a, j) for j in (i, i + 1)):
