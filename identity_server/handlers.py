@@ -5,7 +5,8 @@ message) with INTERNAL "Exception deserializing request!", logs a traceback, and
 keeps memory each time: any client could grow the server without bound. Here a request that
 does not decode becomes a marker that the handler turns into INVALID_ARGUMENT naming what was
 wrong; everything else is what the generated `add_..._to_server` functions register. Used for
-IdentityService and the standard health service (both unauthenticated to call).
+every service the server runs: IdentityService, health and reflection (the last two answer
+anyone).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 from identity_api.v1 import identity_service_pb2 as pb
-
-from identity_server.errors import InvalidArgument
 
 SERVICE = pb.DESCRIPTOR.services_by_name["IdentityService"]
 
@@ -59,8 +58,9 @@ def _guarded(method: str, message: type[Message], behaviour: Callable[..., Any],
             def checked() -> Iterator[Any]:
                 for request in requests:
                     if isinstance(request, Undecodable):
-                        # Raised inside the servicer, which maps it to INVALID_ARGUMENT.
-                        raise InvalidArgument(_complaint(method, message, request))
+                        # Raises inside the servicer; the call ends with this status.
+                        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                      _complaint(method, message, request))
                     yield request
             return behaviour(checked(), context)
         return streaming

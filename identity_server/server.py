@@ -12,7 +12,7 @@ from types import FrameType
 
 import grpc
 from grpc_health.v1 import health, health_pb2
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from identity_server.domain import TypeVocabulary
 from identity_server.handlers import SERVICE, add_identity_service, add_service
@@ -81,9 +81,10 @@ def start_server(settings: Settings, *, service: IdentityService | None = None) 
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     add_service(health_servicer, server, health_pb2.DESCRIPTOR.services_by_name["Health"],
                 health_pb2)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    add_service(reflection.ReflectionServicer(
+                    (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)),
+                server, reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"],
+                reflection_pb2)
     address = f"{_host(settings.host)}:{settings.port}"
     if settings.tls_cert or settings.tls_key:
         if not (settings.tls_cert and settings.tls_key):

@@ -76,6 +76,10 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
                 code = STATUS_CODES.get(type(e), grpc.StatusCode.INTERNAL)
                 context.abort(code, str(e))
             except Exception:
+                # Aborted already (a request stream that did not decode): that status stands.
+                # (ServicerContext.code() is in grpcio since 1.38; the type stubs lack it.)
+                if context.code() is not None:  # type: ignore[attr-defined]
+                    raise
                 if not context.is_active():  # the client went away (cancelled, deadline): no fault
                     code = grpc.StatusCode.CANCELLED
                     context.abort(code, "the client cancelled the call")

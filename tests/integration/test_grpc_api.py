@@ -1015,3 +1015,13 @@ def test_an_import_the_client_cancels_is_logged_as_cancelled_not_as_a_fault(
     assert [r.getMessage().split()[-1] for r in ours
             if "method=ImportAuthority" in r.getMessage()] == ["code=CANCELLED"]
     assert not [r for r in ours if r.levelno >= logging.ERROR]
+
+
+def test_a_reflection_request_that_does_not_decode_is_invalid_argument(
+        server: RunningServer) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        info = ch.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+        with pytest.raises(grpc.RpcError) as bad:
+            list(info(iter([b"\x0a\x05ab"]), timeout=T))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid ServerReflectionRequest" in (bad.value.details() or "")
