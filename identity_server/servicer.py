@@ -78,7 +78,9 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
             except Exception:
                 # Aborted already (a request stream that did not decode): that status stands.
                 # (ServicerContext.code() is in grpcio since 1.38; the type stubs lack it.)
-                if context.code() is not None:  # type: ignore[attr-defined]
+                aborted = context.code()  # type: ignore[attr-defined]
+                if aborted is not None:
+                    code = aborted  # for the access log line
                     raise
                 if not context.is_active():  # the client went away (cancelled, deadline): no fault
                     code = grpc.StatusCode.CANCELLED

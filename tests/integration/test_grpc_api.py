@@ -952,10 +952,12 @@ def test_import_refuses_a_line_nested_too_deeply_and_keeps_the_rest(stub: Stub) 
         (2, "JSON nested too deeply to be read")]
 
 
-def test_a_request_that_does_not_decode_is_invalid_argument(server: RunningServer) -> None:
+def test_a_request_that_does_not_decode_is_invalid_argument(
+        server: RunningServer, caplog: pytest.LogCaptureFixture) -> None:
     """Raw bytes that are not a valid message (a string field that is not UTF-8, a truncated
     message) get INVALID_ARGUMENT naming the message, not INTERNAL, for unary and streaming
-    calls alike; the server goes on serving."""
+    calls alike; the server goes on serving, and logs the call with the status it got."""
+    caplog.set_level(logging.INFO, logger="identity_server.servicer")
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         resolve_raw = ch.unary_unary("/identity.v1.IdentityService/Resolve")
         import_raw = ch.stream_unary("/identity.v1.IdentityService/ImportAuthority")
@@ -968,6 +970,8 @@ def test_a_request_that_does_not_decode_is_invalid_argument(server: RunningServe
             import_raw(iter([b"\x0a\x05ab"]), metadata=ADMIN, timeout=T)
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "not a valid ImportAuthorityRequest" in (bad.value.details() or "")
+        assert "method=ImportAuthority count=1" in caplog.text
+        assert "code=INVALID_ARGUMENT" in caplog.text.split("method=ImportAuthority")[1]
         with pytest.raises(grpc.RpcError) as bad:  # the health service, unauthenticated too
             ch.unary_unary("/grpc.health.v1.Health/Check")(b"\x0a\x02\xff\xfe", timeout=T)
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
