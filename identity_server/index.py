@@ -74,10 +74,20 @@ class NameIndex:
             hops += 1
         return entity
 
-    def placeholder_near(self, entity: Entity) -> bool:
-        """Whether a live placeholder has a name sharing a key with one of entity's names."""
+    def placeholders_near(self, entity: Entity) -> list[Entity]:
+        """Live placeholders (other than entity) with a name sharing a key with entity's names;
+        one dict lookup per name when there are none."""
         held = self._placeholder_keys
-        return bool(held) and any(n.key in held for n in entity.names)
+        if not held:
+            return []
+        found: dict[str, Entity] = {}
+        for k in {n.key for n in entity.names if n.key in held}:
+            for pid in values(self._by_key, k):
+                p = self._entities.get(pid)
+                if (p is not None and p.placeholder and p.status is not Status.MERGED
+                        and pid != entity.entity_id):
+                    found[pid] = p
+        return list(found.values())
 
     def with_key(self, k: str) -> Collection[str]:
         """Ids of the live entities with a name, alias or surface form whose key is k."""

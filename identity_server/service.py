@@ -257,20 +257,13 @@ class IdentityService:
         index = self.index
         for eid in list(u.touched):
             entity = index.get(eid)
-            if (entity is None or entity.placeholder or entity.status is Status.MERGED
-                    or not index.placeholder_near(entity)):
+            if entity is None or entity.placeholder or entity.status is Status.MERGED:
                 continue
-            for k in {n.key for n in entity.names}:
-                for pid in index.with_key(k):
-                    if pid in checked or pid == eid:
-                        continue
-                    checked.add(pid)
-                    placeholder = index.get(pid)
-                    if (placeholder is None or not placeholder.placeholder
-                            or placeholder.status is Status.MERGED):
-                        continue
+            for placeholder in index.placeholders_near(entity):
+                if placeholder.entity_id not in checked:
+                    checked.add(placeholder.entity_id)
                     for c in pair_candidates(index, placeholder):
-                        u.link(pid, c.entity.entity_id)
+                        u.link(placeholder.entity_id, c.entity.entity_id)
 
     def _schedule_typo_pack(self) -> None:
         """Start packing the typo overlay in the background when enough anchors wait in it
@@ -398,7 +391,7 @@ class IdentityService:
 
     def resolve(self, mention: str, entity_type: str, *, context_id: str = "",
                 lookup_only: bool = False) -> ResolveResult:
-        _check_context(context_id)
+        _checked_id(context_id, "context id")
         m = self.parse_mention(mention, entity_type)
         if lookup_only:
             return self._answer(lambda: self._look(m))
@@ -413,7 +406,7 @@ class IdentityService:
     def resolve_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
                       lookup_only: bool = False) -> list[ResolveResult | ItemError]:
         """Resolve in order, in one transaction; a repeated request gets the first reply."""
-        _check_context(context_id)
+        _checked_id(context_id, "context id")
         if len(mentions) > self.config.max_batch_size:
             raise InvalidArgument(
                 f"batch has {len(mentions)} mentions; the limit is {self.config.max_batch_size}"
@@ -825,8 +818,7 @@ class IdentityService:
         entity_id = rec.entity_id.strip()
         if not entity_id:
             raise InvalidArgument("empty id")
-        if len(entity_id) > MAX_ID_LENGTH:
-            raise InvalidArgument(f"id longer than {MAX_ID_LENGTH} characters")
+        _checked_id(entity_id)
         if is_provisional_id(entity_id):
             raise InvalidArgument(f"id {entity_id!r} looks like a provisional id")
         existing = self.index.get(entity_id)
@@ -868,19 +860,13 @@ class IdentityService:
                         counts["linked"] += 1
 
 
-def _check_context(context_id: str) -> None:
-    if len(context_id) > MAX_ID_LENGTH:
-        raise InvalidArgument(f"context id is {len(context_id)} characters long; the limit is "
-                              f"{MAX_ID_LENGTH}")
-
-
-def _checked_id(entity_id: str) -> str:
-    """An id as asked for; one longer than any id can be is refused without echoing it whole
-    (a message that size would not fit in the reply's metadata)."""
-    if len(entity_id) > MAX_ID_LENGTH:
-        raise InvalidArgument(f"id is {len(entity_id)} characters long; ids are at most "
-                              f"{MAX_ID_LENGTH} ({entity_id[:40]!r}...)")
-    return entity_id
+def _checked_id(value: str, what: str = "id") -> str:
+    """An entity, record or context id as given; one longer than any can be is refused without
+    echoing it whole (a message that size would not fit in the reply's metadata)."""
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidArgument(f"{what} is {len(value)} characters long; the limit is "
+                              f"{MAX_ID_LENGTH} ({value[:40]!r}...)")
+    return value
 
 
 def _takes_type(e: Entity, m: Mention) -> bool:
