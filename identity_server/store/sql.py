@@ -127,25 +127,17 @@ class SqlStore:
             return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
 
     def commit_state(self) -> tuple[int | None, int]:
-        """(commit_marker(), last_seq()) read together, from one snapshot of the store: the
-        newest sequence number is the one the marker stands for."""
+        """(commit_marker(), the newest change-feed sequence number) read together, from one
+        snapshot of the store: the sequence number is the one the marker stands for."""
         if self._watch is None:
-            return None, self.last_seq()
+            with self.read() as tx:
+                return None, tx.max_seq()
         with self._watch_lock:
             marker, last = self._watch.execute(
                 "SELECT (SELECT data_version FROM pragma_data_version()),"
                 " (SELECT coalesce(max(seq), 0) FROM changes)"
             ).fetchone()
         return int(marker), int(last)
-
-    def last_seq(self) -> int:
-        """The newest change-feed sequence number: one indexed lookup, no transaction."""
-        if self._watch is not None:
-            with self._watch_lock:
-                row = self._watch.execute("SELECT coalesce(max(seq), 0) FROM changes").fetchone()
-            return int(row[0])
-        with self.read() as tx:
-            return tx.max_seq()
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
