@@ -43,6 +43,9 @@ class NameIndex:
         # Keys of live placeholders' names -> how many: a changed entity sharing none of them
         # cannot be a new candidate of any placeholder's pair at rules 1-3 (one lookup to tell).
         self._placeholder_keys: dict[str, int] = {}
+        # Deletion variants of live placeholders' pair keys (4+ characters) -> placeholder ids:
+        # an entity whose anchors share none cannot be a new candidate of a pair at rule 4.
+        self._placeholder_variants: MultiMap = {}
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -74,20 +77,32 @@ class NameIndex:
             hops += 1
         return entity
 
-    def placeholders_near(self, entity: Entity) -> list[Entity]:
-        """Live placeholders (other than entity) with a name sharing a key with entity's names;
-        one dict lookup per name when there are none."""
+    def placeholders_near(self, entity: Entity, *, by_typo: bool = True) -> list[Entity]:
+        """Live placeholders (other than entity) whose pair entity may now be a candidate of:
+        one of entity's names shares a key with one of theirs (rules 1 to 3), or, by_typo, one
+        of its anchors shares a deletion variant with the pair's key (rule 4). A superset;
+        nothing to look up when there are no placeholders."""
         held = self._placeholder_keys
         if not held:
             return []
         found: dict[str, Entity] = {}
         for k in {n.key for n in entity.names if n.key in held}:
-            for pid in values(self._by_key, k):
-                p = self._entities.get(pid)
-                if (p is not None and p.placeholder and p.status is not Status.MERGED
-                        and pid != entity.entity_id):
-                    found[pid] = p
+            self._collect_placeholders(values(self._by_key, k), entity.entity_id, found)
+        near = self._placeholder_variants
+        if by_typo and near:
+            for k in {n.key for n in entity.names if _is_anchor(n)}:
+                for variant in deletion_variants(k):
+                    if variant in near:
+                        self._collect_placeholders(values(near, variant), entity.entity_id, found)
         return list(found.values())
+
+    def _collect_placeholders(self, ids: Collection[str], besides: str,
+                              found: dict[str, Entity]) -> None:
+        for pid in ids:
+            p = self._entities.get(pid)
+            if (p is not None and p.placeholder and p.status is not Status.MERGED
+                    and pid != besides):
+                found[pid] = p
 
     def with_key(self, k: str) -> Collection[str]:
         """Ids of the live entities with a name, alias or surface form whose key is k."""
@@ -118,8 +133,8 @@ class NameIndex:
         old = self._entities.get(eid)
         self._entities[eid] = entity
         if entity.placeholder or (old is not None and old.placeholder):
-            self._count_placeholder_keys(old, -1)
-            self._count_placeholder_keys(entity, 1)
+            self._file_placeholder(old, -1)
+            self._file_placeholder(entity, 1)
         after = entity.names if entity.status is not Status.MERGED else ()
         if old is None:
             self._index_new(eid, after)  # the start-up path: nothing to compare
@@ -176,11 +191,13 @@ class NameIndex:
     def discard(self, entity_id: str) -> None:
         self._generation += 1
         old = self._entities.pop(entity_id, None)
-        self._count_placeholder_keys(old, -1)
+        self._file_placeholder(old, -1)
         if old is not None and old.status is not Status.MERGED:
             self._reindex(entity_id, old.names, ())
 
-    def _count_placeholder_keys(self, entity: Entity | None, step: int) -> None:
+    def _file_placeholder(self, entity: Entity | None, step: int) -> None:
+        """Count a live placeholder's keys in (step 1) or out (step -1), and file or unfile the
+        deletion variants of its pair's key."""
         if entity is None or not entity.placeholder or entity.status is Status.MERGED:
             return
         held = self._placeholder_keys
@@ -190,6 +207,12 @@ class NameIndex:
                 held[k] = count
             else:
                 held.pop(k, None)
+        pair = next((n for n in entity.names if n.kind is NameKind.NAME), None)
+        if pair is None or len(pair.key) < MIN_TYPO_KEY:
+            return
+        file = add if step > 0 else remove
+        for variant in deletion_variants(pair.key):
+            file(self._placeholder_variants, variant, entity.entity_id)
 
     def _reindex(self, eid: str, before: tuple[Name, ...], after: tuple[Name, ...]) -> None:
         """Move eid's entries from the names `before` to the names `after`.

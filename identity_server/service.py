@@ -250,16 +250,18 @@ class IdentityService:
     def _link_placeholders_to_later_candidates(self, u: Unit) -> None:
         """SPEC: a placeholder is linked to every best-ranked candidate of its pair, 'including
         candidates that appear later'. An entity this unit gave a name, a type or a status may be
-        one: each placeholder sharing a key with it has its pair decided again without itself,
-        and is linked to the best (a pair a curator settled stays settled). Rules 1-3 share a
-        key; a candidate only a typo away is linked at the pair's next ambiguous resolve."""
+        one. Each placeholder it meets, by a shared key (rules 1-3) or by a name or alias one
+        edit from the pair's key (rule 4; a surface form is never a typo anchor), has its pair
+        decided again without itself and is linked to the best (a pair a curator settled stays
+        settled)."""
         checked: set[str] = set()
         index = self.index
         for eid in list(u.touched):
             entity = index.get(eid)
             if entity is None or entity.placeholder or entity.status is Status.MERGED:
                 continue
-            for placeholder in index.placeholders_near(entity):
+            near = index.placeholders_near(entity, by_typo=eid in u.reanchored)
+            for placeholder in near:
                 if placeholder.entity_id not in checked:
                     checked.add(placeholder.entity_id)
                     for c in pair_candidates(index, placeholder):

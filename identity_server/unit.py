@@ -48,6 +48,9 @@ class Unit:
         self.now = time.time()
         self.changes: list[ChangeRecord] = []
         self.touched: set[str] = set()
+        # Touched otherwise than by a surface form alone (which is never a typo anchor): given a
+        # name, an alias, a type or a status, so possibly a placeholder pair's rule-4 candidate.
+        self.reanchored: set[str] = set()
         self._evidence: dict[tuple[str, str, str, str], int] = {}
         self._new_entities: list[Entity] = []
         self._new_names: list[tuple[str, NameRow]] = []
@@ -59,9 +62,11 @@ class Unit:
         self.changes.append(ChangeRecord(self.seq, kind, entity_id, other_id, detail, self.now))
         return self.seq
 
-    def put(self, entity: Entity) -> None:
+    def put(self, entity: Entity, *, surface_form_only: bool = False) -> None:
         self.index.put(entity)
         self.touched.add(entity.entity_id)
+        if not surface_form_only:
+            self.reanchored.add(entity.entity_id)
 
     def add_evidence(self, entity_id: str, context_id: str, surface: str, raw_type: str) -> None:
         """Buffered: written in one statement by `flush` (before commit or a count)."""
@@ -184,7 +189,7 @@ class Unit:
         change = ALIAS_ADDED if kind is NameKind.ALIAS else SURFACE_FORM_ADDED
         field = "alias" if kind is NameKind.ALIAS else "surface_form"
         self.emit(change, entity.entity_id, **{field: display})
-        self.put(updated)
+        self.put(updated, surface_form_only=kind is NameKind.SURFACE)
         return updated
 
     @staticmethod

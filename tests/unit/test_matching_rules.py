@@ -371,6 +371,24 @@ def test_placeholder_linked_to_an_entity_that_becomes_a_candidate(
     assert links(service) == {pair(ph, "J1"), pair(ph, "J2"), pair(ph, "J3")}
 
 
+def test_placeholder_linked_to_a_later_candidate_one_typo_away(service: IdentityService) -> None:
+    """'including candidates that appear later' holds at rule 4 too: an entity that appears
+    (imported) or takes an alias one edit from an ambiguous pair's key is linked as it does,
+    with no further resolve of the pair; a name two edits away, or of another type, is not."""
+    load(service, rec("M1", "Maria Gendor", "person"), rec("M2", "Maria Gendorf", "person"),
+         rec("M3", "Ada Byron", "person"))
+    r = service.resolve("Maria Gendorr", "person")
+    ph = r.entity_id
+    assert (r.match_kind, r.candidates) == (AMBIG, ("M1", "M2"))
+    load(service, rec("M4", "Maria Gendorx", "person"), rec("M5", "Maria Gendoxx", "person"),
+         rec("M6", "Maria Gendorx", "place"))
+    assert links(service) == {pair(ph, "M1"), pair(ph, "M2"), pair(ph, "M4")}
+    service.add_alias("M3", "maria-gendorry")
+    assert links(service) == {pair(ph, "M1"), pair(ph, "M2"), pair(ph, "M4"), pair(ph, "M3")}
+    r = service.resolve("Maria Gendorr", "person")
+    assert (r.entity_id, r.match_kind) == (ph, EXACT)
+
+
 def test_placeholder_not_merged_when_one_canonical_has_its_key(service: IdentityService) -> None:
     """Placeholders are never 'merged on import', even where a plain provisional would be."""
     load(service, rec("J1", "John Smith", "person"), rec("J2", "John Smith", "person"))
