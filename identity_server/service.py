@@ -43,7 +43,7 @@ from identity_server.index import NameIndex
 from identity_server.matching import Decision, Outcome, decide, pair_candidates
 from identity_server.normalize import display_form, key, warm_up
 from identity_server.store.sql import ChangeRecord, LinkRow, SqlStore, Tx
-from identity_server.unit import DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
+from identity_server.unit import CURATOR, DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
 
 logger = logging.getLogger(__name__)
 
@@ -677,7 +677,7 @@ class IdentityService:
 
         def work(u: Unit) -> EntityView:
             entity = self._live(entity_id)
-            entity = u.add_name(entity, display, NameKind.ALIAS, "curator")
+            entity = u.add_name(entity, display, NameKind.ALIAS, CURATOR)
             return self._view(u.tx, entity)
 
         return self._write(work)
@@ -784,10 +784,19 @@ class IdentityService:
         return ImportReport(errors=tuple(sorted(errors, key=lambda e: e.line)), **counts)
 
     def _merge_imported(self, keys: dict[str, None], counts: dict[str, int]) -> None:
+        """The import merges, decided for each provisional entity over every key the import
+        brought, so that the outcome does not depend on the order of records or keys: one
+        compatible canonical target in all merges it, several link it to each."""
+        targets: dict[str, set[str]] = {}
         pending = list(keys)
         for i in range(0, len(pending), IMPORT_CHUNK):
-            part = pending[i : i + IMPORT_CHUNK]
-            self._write(lambda u, part=part: self._import_merges(u, part, counts))  # type: ignore[misc]
+            with self._lock:  # a part at a time: resolves go on between parts
+                self._settle()
+                self._collect_import_targets(pending[i : i + IMPORT_CHUNK], targets)
+        found = list(targets)
+        for i in range(0, len(found), IMPORT_CHUNK):
+            part = found[i : i + IMPORT_CHUNK]
+            self._write(lambda u, part=part: self._import_merges(u, part, targets, counts))  # type: ignore[misc]
 
     def _import_chunk(self, u: Unit, records: list[AuthorityRecord], counts: dict[str, int],
                       keys: dict[str, None], errors: list[RecordError]) -> None:
@@ -839,27 +848,41 @@ class IdentityService:
             raise InvalidArgument(f"an alias is longer than {self.config.max_mention_length}")
         return entity_id, name, entity_type, aliases
 
-    def _import_merges(self, u: Unit, keys: list[str], counts: dict[str, int]) -> None:
-        """Merge provisional entities that rule 3 would converge on into the imported ones;
-        link them instead where several compatible canonical entities share the key."""
+    def _collect_import_targets(self, keys: list[str], targets: dict[str, set[str]]) -> None:
+        """For each provisional, non-placeholder entity holding one of keys, the canonical
+        entities of compatible type holding it too (rule 3: every name compares)."""
+        index = self.index
         for k in keys:
-            entities = [e for e in (self.index.get(i) for i in self.index.with_key(k)) if e]
+            entities = [e for e in (index.get(i) for i in index.with_key(k)) if e]
             canonical = [e for e in entities if e.status is Status.CANONICAL]
-            provisional = [
-                e for e in entities if e.status is Status.PROVISIONAL and not e.placeholder
-            ]
-            for p in sorted(provisional, key=lambda e: e.ordinal):
-                targets = sorted(
-                    (c for c in canonical if types_compatible(c.entity_type, p.entity_type)),
-                    key=lambda e: e.ordinal,
-                )
-                if len(targets) == 1 and not u.is_distinct(p.entity_id, targets[0].entity_id):
-                    u.merge(p, self._live(targets[0].entity_id), reason="import")
-                    counts["merged"] += 1
-                elif len(targets) > 1:
-                    linked = [c for c in targets if u.link(p.entity_id, c.entity_id)]
-                    if linked:
-                        counts["linked"] += 1
+            for p in entities:
+                if p.status is Status.PROVISIONAL and not p.placeholder:
+                    targets.setdefault(p.entity_id, set()).update(
+                        c.entity_id for c in canonical
+                        if types_compatible(c.entity_type, p.entity_type))
+
+    def _import_merges(self, u: Unit, provisional: list[str], targets: dict[str, set[str]],
+                       counts: dict[str, int]) -> None:
+        """Merge each provisional entity into its one target, or link it to each of several;
+        what changed since the targets were collected (a merge, a promotion) is read again."""
+        for pid in sorted(provisional, key=self._ordinal_of):
+            p = self.index.get(pid)
+            if p is None or p.status is not Status.PROVISIONAL or p.placeholder:
+                continue
+            live = {e.entity_id: e for e in (self.index.live(t) for t in targets[pid]) if e}
+            found = sorted((c for c in live.values() if c.status is Status.CANONICAL
+                            and types_compatible(c.entity_type, p.entity_type)),
+                           key=lambda e: e.ordinal)
+            if len(found) == 1 and not u.is_distinct(pid, found[0].entity_id):
+                u.merge(p, found[0], reason="import")
+                counts["merged"] += 1
+            elif len(found) > 1:
+                linked = [c for c in found if u.link(pid, c.entity_id)]
+                counts["linked"] += bool(linked)
+
+    def _ordinal_of(self, entity_id: str) -> int:
+        entity = self.index.get(entity_id)
+        return entity.ordinal if entity is not None else 0
 
 
 def _checked_id(value: str, what: str = "id") -> str:

@@ -37,6 +37,10 @@ IMPORTED = "imported"
 
 OPEN, DISTINCT, SAME, MOVED = "open", "distinct", "same", "moved"
 
+# Where a name came from. Only the authority's own aliases are retired when a re-import no
+# longer lists them; a curator's, a merge's or a previous name stays.
+AUTHORITY, CURATOR, MERGE, PREVIOUS_NAME = "authority", "curator", "merge", "previous_name"
+
 
 class Unit:
     """The store transaction, the index and the changes made so far in this transaction."""
@@ -114,9 +118,9 @@ class Unit:
         ordinal = self.index.max_ordinal
         for entity_id, name, entity_type, aliases in records:
             ordinal += 1
-            mine = [NameRow(name, NameKind.NAME.value, 0, "authority")]
+            mine = [NameRow(name, NameKind.NAME.value, 0, AUTHORITY)]
             mine += [
-                NameRow(a, NameKind.ALIAS.value, i + 1, "authority")
+                NameRow(a, NameKind.ALIAS.value, i + 1, AUTHORITY)
                 for i, a in enumerate(_unique(aliases, exclude=name))
             ]
             created.append(
@@ -145,7 +149,10 @@ class Unit:
             nonlocal position
             old = rows.get(display)
             if old is not None and old.kind == kind.value:
-                if old.source != source:
+                # An alias a curator, a merge or a renaming gave stays theirs when the
+                # authority lists it too, so it outlives the authority dropping it later.
+                keeps_source = kind is NameKind.ALIAS and old.source != AUTHORITY
+                if old.source != source and not keeps_source:
                     changed[display] = dataclasses.replace(old, source=source)
                 return
             # Recorded now in its new role: it goes after the names already recorded in it.
@@ -154,13 +161,13 @@ class Unit:
 
         for r in rows.values():
             if r.kind == NameKind.NAME.value and r.display != name:
-                assign(r.display, NameKind.ALIAS, "previous_name")
-            elif (r.kind == NameKind.ALIAS.value and r.source == "authority"
+                assign(r.display, NameKind.ALIAS, PREVIOUS_NAME)
+            elif (r.kind == NameKind.ALIAS.value and r.source == AUTHORITY
                   and r.display not in new_aliases and r.display != name):
                 changed[r.display] = dataclasses.replace(r, kind=RETIRED)
-        assign(name, NameKind.NAME, "authority")
+        assign(name, NameKind.NAME, AUTHORITY)
         for a in new_aliases:
-            assign(a, NameKind.ALIAS, "authority")
+            assign(a, NameKind.ALIAS, AUTHORITY)
         self.tx.put_names(entity.entity_id, list(changed.values()))
         if entity_type != entity.entity_type:
             self.tx.update_entity(entity.entity_id, entity_type=entity_type)
@@ -178,6 +185,8 @@ class Unit:
         """Record display as a surface form or alias (an existing surface form becomes an alias)."""
         existing = next((n for n in entity.names if n.display == display), None)
         if existing is not None:
+            if existing.kind is NameKind.ALIAS and kind is NameKind.ALIAS and source == CURATOR:
+                self._claim_for_curator(entity.entity_id, display)
             if not (existing.kind is NameKind.SURFACE and kind is NameKind.ALIAS):
                 return entity
             names = tuple(n for n in entity.names if n is not existing)
@@ -191,6 +200,14 @@ class Unit:
         self.emit(change, entity.entity_id, **{field: display})
         self.put(updated, surface_form_only=kind is NameKind.SURFACE)
         return updated
+
+    def _claim_for_curator(self, entity_id: str, display: str) -> None:
+        """A curator adding an alias the authority already gave makes it the curator's, so it
+        stays when a later re-import drops it."""
+        self.flush()
+        row = next((r for r in self.tx.name_rows(entity_id) if r.display == display), None)
+        if row is not None and row.source == AUTHORITY:
+            self.tx.put_names(entity_id, [dataclasses.replace(row, source=CURATOR)])
 
     @staticmethod
     def _next_position(entity: Entity) -> int:
@@ -260,6 +277,7 @@ class Unit:
         t_rows = {r.display: r for r in self.tx.name_rows(t_id)}
         position = max((r.position for r in t_rows.values()), default=0) + 1
         moved: list[NameRow] = []
+        claimed: list[NameRow] = []  # the target's authority aliases that the source had too
         for n in source.names:  # name, aliases, surface forms, in recorded order
             becomes_alias = n.kind is NameKind.ALIAS or (
                 n.kind is NameKind.NAME and source.status is Status.CANONICAL
@@ -268,12 +286,15 @@ class Unit:
             old = t_rows.get(n.display)
             if old is not None and old.kind != RETIRED:
                 if old.kind == NameKind.SURFACE.value and kind is NameKind.ALIAS:
-                    moved.append(NameRow(n.display, kind.value, position, "merge"))
+                    moved.append(NameRow(n.display, kind.value, position, MERGE))
                     position += 1
+                elif old.kind == kind.value == NameKind.ALIAS.value and old.source == AUTHORITY:
+                    claimed.append(dataclasses.replace(old, source=MERGE))  # the merge's too
                 continue
-            moved.append(NameRow(n.display, kind.value, position, "merge"))
+            moved.append(NameRow(n.display, kind.value, position, MERGE))
             position += 1
         self.tx.move_names(s_id, t_id, moved)
+        self.tx.put_names(t_id, claimed)
         self.tx.update_entity(s_id, status=Status.MERGED, redirect_to=t_id)
         redirected = self.tx.compress_redirects(s_id, t_id)
 

@@ -967,6 +967,47 @@ def test_reimport_replaces_authority_data_and_keeps_the_rest(service: IdentitySe
     assert gone.entity_id != "Q"
 
 
+def test_reimport_keeps_aliases_of_curators_and_merges_that_the_authority_listed_and_dropped(
+        service: IdentityService) -> None:
+    """'aliases added by curators or merges stay', also after the authority listed them for a
+    while and then dropped them; a curator adding an alias the authority gave keeps it too."""
+    load(service, rec("HGNC:11892", "TNF", "material", "DIF"), rec("Q2", "TNF alpha", "material"))
+    service.add_alias("HGNC:11892", "TNF-α")
+    service.add_alias("HGNC:11892", "DIF")  # the authority's already: now the curator's as well
+    service.merge("Q2", "HGNC:11892")
+    load(service, rec("HGNC:11892", "TNF", "material", "TNF-α", "TNF alpha", "DIF", "TNFA"))
+    load(service, rec("HGNC:11892", "TNF", "material"))
+    assert set(service.get_entity("HGNC:11892").aliases) == {"TNF-α", "TNF alpha", "DIF"}
+    gone = service.resolve("TNFA", "material", lookup_only=True)  # the authority's own alias
+    assert gone.entity_id != "HGNC:11892"
+
+
+def test_reimport_keeps_the_merges_alias_the_target_already_had_from_the_authority(
+        service: IdentityService) -> None:
+    """A merge that brings an alias the target's authority also gave makes it the merge's:
+    it stays when the authority drops it."""
+    load(service, rec("Q1", "AT&T", "organization", "Ma Bell"),
+         rec("Q2", "AT&T Inc.", "organization", "Ma Bell"))
+    service.merge("Q2", "Q1")
+    load(service, rec("Q1", "AT&T", "organization"))
+    assert set(service.get_entity("Q1").aliases) == {"AT&T Inc.", "Ma Bell"}
+
+
+@pytest.mark.parametrize("order", ["name-first", "typo-first"])
+def test_import_merges_do_not_depend_on_record_order(service: IdentityService,
+                                                     order: str) -> None:
+    """A provisional entity that rule 3 would converge on for two new records, through two of
+    its names, is linked to both rather than merged into whichever key came first: as when
+    'several canonical entities of compatible type share that key'."""
+    p = new_id(service, "Transformer", "method")
+    r = service.resolve("Transformr", "method")  # a typo: recorded on p as a surface form
+    assert (r.entity_id, r.match_kind) == (p, TYPO)
+    records = [rec("M1", "Transformer", "method"), rec("M2", "Transformr", "method")]
+    load(service, *(records if order == "name-first" else records[::-1]))
+    assert service.get_entity(p).status is Status.PROVISIONAL
+    assert links(service) == {pair(p, "M1"), pair(p, "M2")}
+
+
 def test_import_refuses_bad_records_with_line_numbers(service: IdentityService) -> None:
     """'An id that looks like a provisional id, or that was merged away, is refused for that
     record'; 'a record with an empty or unknown type is refused, with its line number'."""
