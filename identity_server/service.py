@@ -257,8 +257,8 @@ class IdentityService:
         checked: set[str] = set()
         index = self.index
         for eid in list(u.touched):
-            entity = index.get(eid)
-            if entity is None or entity.placeholder or entity.status is Status.MERGED:
+            entity = index.get(eid)  # a new placeholder can be another pair's best candidate
+            if entity is None or entity.status is Status.MERGED:
                 continue
             near = index.placeholders_near(entity, by_typo=eid in u.reanchored)
             for placeholder in near:

@@ -389,6 +389,22 @@ def test_placeholder_linked_to_a_later_candidate_one_typo_away(service: Identity
     assert (r.entity_id, r.match_kind) == (ph, EXACT)
 
 
+def test_a_new_placeholder_is_linked_as_a_later_candidate_of_another_pair(
+        service: IdentityService) -> None:
+    """A placeholder is a candidate like any entity of its type: a pair whose best candidate
+    is now another pair's new placeholder gets linked to it as that placeholder appears, not at
+    some later write that happens to touch the key."""
+    task = new_id(service, "Foo Bar Net", "task")
+    dataset = new_id(service, "Foo Bar Net", "dataset")
+    first = service.resolve("foo bar net", "other")  # rule 2: both, through `other`
+    assert (first.match_kind, set(first.possibly_same_as)) == (AMBIG, {task, dataset})
+    second = service.resolve("Foo Bar Net", "other")  # rule 1: both again; a second pair
+    assert (second.match_kind, second.created) == (AMBIG, True)
+    # Decided again without its placeholder, the first pair now finds the second placeholder
+    # alone in the first rank (type equal) at rule 2: its best candidate.
+    assert pair(first.entity_id, second.entity_id) in links(service)
+
+
 def test_placeholder_not_merged_when_one_canonical_has_its_key(service: IdentityService) -> None:
     """Placeholders are never 'merged on import', even where a plain provisional would be."""
     load(service, rec("J1", "John Smith", "person"), rec("J2", "John Smith", "person"))
