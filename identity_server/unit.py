@@ -147,7 +147,7 @@ class Unit:
 
         def assign(display: str, kind: NameKind, source: str) -> None:
             nonlocal position
-            old = rows.get(display)
+            old = changed.get(display, rows.get(display))
             if old is not None and old.kind == kind.value:
                 # An alias a curator, a merge or a renaming gave stays theirs when the
                 # authority lists it too, so it outlives the authority dropping it later.

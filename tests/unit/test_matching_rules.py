@@ -998,6 +998,16 @@ def test_reimport_keeps_aliases_of_curators_and_merges_that_the_authority_listed
     assert gone.entity_id != "HGNC:11892"
 
 
+def test_reimport_keeps_a_previous_name_the_authority_lists_then_drops(
+        service: IdentityService) -> None:
+    """'its previous name stays as an alias', also when the same re-import lists it as an alias
+    and a later one no longer does."""
+    load(service, rec("HGNC:6018", "IL-6", "material"))
+    load(service, rec("HGNC:6018", "Interleukin 6", "material", "IL-6", "IFNB2"))
+    load(service, rec("HGNC:6018", "Interleukin 6", "material"))
+    assert service.get_entity("HGNC:6018").aliases == ("IL-6",)
+
+
 def test_reimport_keeps_the_merges_alias_the_target_already_had_from_the_authority(
         service: IdentityService) -> None:
     """A merge that brings an alias the target's authority also gave makes it the merge's:
