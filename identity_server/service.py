@@ -89,6 +89,14 @@ class ItemError:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchReply:
+    """A ResolveBatch's results, and whether they are an identical earlier request's, replayed."""
+
+    results: list[ResolveResult | ItemError]
+    replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class EntityView:
     entity_id: str
     name: str
@@ -408,6 +416,11 @@ class IdentityService:
     def resolve_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
                       lookup_only: bool = False) -> list[ResolveResult | ItemError]:
         """Resolve in order, in one transaction; a repeated request gets the first reply."""
+        return self.resolve_batch_reply(context_id, mentions, lookup_only=lookup_only).results
+
+    def resolve_batch_reply(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
+                            lookup_only: bool = False) -> BatchReply:
+        """`resolve_batch`, saying whether the results are a repeated request's first reply."""
         _checked_id(context_id, "context id")
         if len(mentions) > self.config.max_batch_size:
             raise InvalidArgument(
@@ -421,18 +434,18 @@ class IdentityService:
                 parsed.append(ItemError("INVALID_ARGUMENT", f"mention {i}: {e}"))
 
         if lookup_only:
-            return self._answer(
+            return BatchReply(self._answer(
                 lambda: [p if isinstance(p, ItemError) else self._look(p) for p in parsed]
-            )
+            ))
 
         request_hash = _batch_hash(context_id, mentions) if context_id else None
 
-        def work(u: Unit) -> list[ResolveResult | ItemError]:
+        def work(u: Unit) -> BatchReply:
             oldest_kept = u.now - self.config.batch_reply_ttl_seconds
             if request_hash is not None:
                 stored = u.tx.batch_reply(request_hash, not_before=oldest_kept)
                 if stored is not None:
-                    return _decode_results(stored)
+                    return BatchReply(_decode_results(stored), replayed=True)
             results = [
                 p if isinstance(p, ItemError) else self._resolve(u, p, context_id)
                 for p in parsed
@@ -442,7 +455,7 @@ class IdentityService:
                 self._batches_written += 1
                 if self._batches_written % 1000 == 1:
                     u.tx.purge_batch_replies(before=oldest_kept)
-            return results
+            return BatchReply(results)
 
         return self._write(work)
 

@@ -138,13 +138,13 @@ class IdentityServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
     @_rpc()
     def ResolveBatch(self, request: pb.ResolveBatchRequest,
                      context: grpc.ServicerContext) -> pb.ResolveBatchResponse:
-        results = self.service.resolve_batch(
+        reply = self.service.resolve_batch_reply(
             request.context_id,
             [(m.mention, m.entity_type) for m in request.mentions],
             lookup_only=request.lookup_only,
         )
-        out = pb.ResolveBatchResponse()
-        for r in results:
+        out = pb.ResolveBatchResponse(replayed=reply.replayed)
+        for r in reply.results:
             item = out.results.add()
             if isinstance(r, ItemError):
                 item.error.code = grpc.StatusCode[r.code].value[0]

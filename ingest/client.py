@@ -83,6 +83,15 @@ class ItemFailure:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """A ResolveBatch's outcomes in request order; `replayed`: the server answered with the
+    stored reply of an identical earlier request (ids and kinds as they were then)."""
+
+    outcomes: list[Resolution | ItemFailure]
+    replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class EntityInfo:
     entity_id: str
     name: str
@@ -245,7 +254,7 @@ class IdentityClient:
 
     def resolve_batch(
         self, context_id: str, mentions: Sequence[tuple[str, str]], *, lookup_only: bool = False
-    ) -> list[Resolution | ItemFailure]:
+    ) -> BatchOutcome:
         """Resolves one paper's (text, type) mentions in order; refused items come back as failures."""
         request = pb.ResolveBatchRequest(
             context_id=context_id,
@@ -263,7 +272,7 @@ class IdentityClient:
                 out.append(_resolution(result.resolved))
             else:
                 out.append(ItemFailure(_code_name(result.error.code), result.error.message))
-        return out
+        return BatchOutcome(out, reply.replayed)
 
     def get_entity(self, entity_id: str) -> EntityInfo:
         request = pb.GetEntityRequest(entity_id=entity_id)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ingest.client import (
+    BatchOutcome,
     ChangeEvent,
     IdentityClient,
     IdentityError,
@@ -46,7 +47,7 @@ class Resolver(Protocol):
 
     def resolve_batch(
         self, context_id: str, mentions: Sequence[tuple[str, str]], *, lookup_only: bool = False
-    ) -> list[Resolution | ItemFailure]: ...
+    ) -> BatchOutcome: ...
 
 
 # Codes that say something is wrong with the whole job (not with one paper): stop, exit non-zero.
@@ -139,13 +140,21 @@ def _without_batch_index(message: str, i: int) -> str:
     return message.removeprefix(f"mention {i}: ")
 
 
-def resolve_paper(resolver: Resolver, paper: CheckedPaper) -> ResolvedPaper | LineReject:
-    """One ResolveBatch for the paper; mentions the server refuses are rejected with its reason."""
+def resolve_paper(resolver: Resolver, paper: CheckedPaper, *,
+                  revisited: bool = False) -> ResolvedPaper | LineReject:
+    """One ResolveBatch for the paper; mentions the server refuses are rejected with its reason.
+
+    `revisited`: an earlier revision of the paper is stored. When the server replays the reply
+    of that revision's identical request, the mentions are stored as it decides them now."""
     if not paper.mentions:
         return ResolvedPaper(paper, ())
+    mentions = [(m.text, m.entity_type) for m in paper.mentions]
     try:
-        outcomes = resolver.resolve_batch(
-            paper.paper_id, [(m.text, m.entity_type) for m in paper.mentions])
+        reply = resolver.resolve_batch(paper.paper_id, mentions)
+        outcomes = reply.outcomes
+        if reply.replayed and revisited:
+            now = resolver.resolve_batch(paper.paper_id, mentions, lookup_only=True)
+            outcomes = _as_decided_now(outcomes, now.outcomes)
     except ServerUnavailable:
         raise
     except IdentityError as e:
@@ -169,6 +178,26 @@ def resolve_paper(resolver: Resolver, paper: CheckedPaper) -> ResolvedPaper | Li
     return ResolvedPaper(paper, resolutions)
 
 
+def _as_decided_now(replayed: Sequence[Resolution | ItemFailure],
+                    now: Sequence[Resolution | ItemFailure]) -> list[Resolution | ItemFailure]:
+    """A new revision whose mentions are its earlier revision's, in the same order, gets that
+    request's stored reply (the server's idempotency: nothing is written twice), with the ids
+    and kinds of then: an entity merged since, `new` and `created` for what that revision
+    created. Stored as the lookup-only batch decides them now instead (current ids, so a
+    merge makes a self-loop visible; kinds as found now); where the lookup finds nothing to
+    point at (a pair that became ambiguous, with no placeholder yet), the replayed id stays, not
+    as created."""
+    out: list[Resolution | ItemFailure] = []
+    for then, current in zip(replayed, now, strict=True):
+        if isinstance(then, ItemFailure):
+            out.append(then)
+        elif isinstance(current, Resolution) and current.entity_id:
+            out.append(current)
+        else:
+            out.append(then._replace(created=False))
+    return out
+
+
 def run_job(
     paths: Sequence[str | Path],
     *,
@@ -189,14 +218,23 @@ def run_job(
     group: list[ResolvedPaper | LineReject] = []
     group_rows = 0
     last_flush = time.monotonic()
+    # Papers sent for resolving and not yet written, by id (bounded by the window and one
+    # group): a later revision of one of them is a revision of a paper the database will hold.
+    unwritten: dict[str, int] = {}
+    sent_ids: dict[Future[ResolvedPaper | LineReject], str] = {}
+    group_sent: list[str] = []
 
     def flush() -> None:
-        nonlocal group, group_rows, last_flush
+        nonlocal group, group_rows, last_flush, group_sent
         if group:
             summary.absorb(sink.write(group))
             if progress is not None:
                 progress(len(group))
-        group, group_rows, last_flush = [], 0, time.monotonic()
+        for pid in group_sent:
+            left = unwritten.pop(pid) - 1
+            if left:
+                unwritten[pid] = left
+        group, group_rows, last_flush, group_sent = [], 0, time.monotonic(), []
 
     def drain_one() -> None:
         nonlocal group_rows
@@ -206,7 +244,11 @@ def run_job(
             if progress is not None:
                 progress(1)
             return
-        item = head if isinstance(head, LineReject) else head.result()
+        if isinstance(head, LineReject):
+            item: ResolvedPaper | LineReject = head
+        else:
+            item = head.result()
+            group_sent.append(sent_ids.pop(head))
         group.append(item)
         if isinstance(item, ResolvedPaper):
             group_rows += len(item.paper.mentions) + len(item.paper.relationships)
@@ -230,7 +272,11 @@ def run_job(
                     elif p.content_hash in known.get(p.paper_id, ()):
                         window.append(_Unchanged(p.paper_id))
                     else:
-                        window.append(pool.submit(resolve_paper, resolver, p))
+                        revisited = bool(known.get(p.paper_id)) or p.paper_id in unwritten
+                        future = pool.submit(resolve_paper, resolver, p, revisited=revisited)
+                        sent_ids[future] = p.paper_id
+                        unwritten[p.paper_id] = unwritten.get(p.paper_id, 0) + 1
+                        window.append(future)
                     while len(window) > window_size:
                         drain_one()
             while window:

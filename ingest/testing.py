@@ -222,7 +222,9 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):  # type: ignore[misc
         replay = bool(request.context_id) and not request.lookup_only
         with self._lock:
             if replay and key in self._batches:
-                return self._batches[key]
+                again = pb.ResolveBatchResponse(replayed=True)
+                again.results.extend(self._batches[key].results)
+                return again
             results = []
             for m in request.mentions:
                 try:

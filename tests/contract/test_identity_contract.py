@@ -21,7 +21,7 @@ def test_batch_keeps_order_sees_earlier_items_and_isolates_bad_ones(
         identity: IdentityClient) -> None:
     results = identity.resolve_batch(
         "paper-7", [("Graphene Oxide", "material"), ("   ", "material"),
-                    ("graphene oxide", "material"), ("x" * 600, "material")])
+                    ("graphene oxide", "material"), ("x" * 600, "material")]).outcomes
     assert len(results) == 4
     a, bad, b, big = results
     assert isinstance(a, Resolution) and isinstance(b, Resolution)
@@ -36,8 +36,15 @@ def test_batch_with_a_context_is_idempotent(identity: IdentityClient) -> None:
                 ("Spin Coating", "method")]
     first = identity.resolve_batch("paper-9", mentions)
     second = identity.resolve_batch("paper-9", mentions)
-    assert first == second
-    assert [r.created for r in first if isinstance(r, Resolution)] == [True, False, True]
+    assert first.outcomes == second.outcomes
+    assert [r.created for r in first.outcomes if isinstance(r, Resolution)] == [True, False, True]
+    assert (first.replayed, second.replayed) == (False, True)  # the reply says it is a replay
+    looked = identity.resolve_batch("paper-9", mentions, lookup_only=True)
+    assert not looked.replayed
+    assert [r.match_kind for r in looked.outcomes if isinstance(r, Resolution)] == [
+        "exact", "exact", "exact"]  # the upper-case spelling is a surface form by now
+    other = identity.resolve_batch("paper-10", mentions)  # another context: resolved afresh
+    assert not other.replayed
 
 
 def test_lookup_only_writes_nothing(identity: IdentityClient) -> None:

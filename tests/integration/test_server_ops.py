@@ -240,14 +240,15 @@ def test_a_repeated_batch_gets_the_first_reply_and_writes_nothing(db_url: str) -
         writes = _feed_length(stub)
 
         again = _batch(stub, MENTIONS)
-        assert again.SerializeToString() == first.SerializeToString()
+        assert (first.replayed, again.replayed) == (False, True)
+        assert list(again.results) == list(first.results)
         assert again.results[0].resolved.created  # the first reply, not today's answer
         assert _evidence(stub, first) == evidence
         assert _feed_length(stub) == writes
 
     with serving(db_url) as (_, stub):
         again = _batch(stub, MENTIONS)
-        assert again.SerializeToString() == first.SerializeToString()
+        assert again.replayed and list(again.results) == list(first.results)
         assert _evidence(stub, first) == evidence
         assert _feed_length(stub) == writes
 
@@ -261,11 +262,15 @@ def test_concurrent_identical_batches_get_one_reply_and_count_once(db_url: str) 
     with serving(db_url) as (_, stub):
         import_jsonl(stub, AUTHORITY)
         replies: list[bytes] = []
+        replayed: list[bool] = []
         errors: list[BaseException] = []
 
         def run() -> None:
             try:
-                replies.append(_batch(stub, MENTIONS).SerializeToString())
+                reply = _batch(stub, MENTIONS)
+                replayed.append(reply.replayed)
+                reply.replayed = False
+                replies.append(reply.SerializeToString())
             except BaseException as e:  # reported by the test thread
                 errors.append(e)
 
@@ -276,6 +281,7 @@ def test_concurrent_identical_batches_get_one_reply_and_count_once(db_url: str) 
             t.join(timeout=T)
         assert errors == [] and len(replies) == 4
         assert len(set(replies)) == 1
+        assert sorted(replayed) == [False, True, True, True]  # one resolved, three replayed
         first = pb.ResolveBatchResponse.FromString(replies[0])
         assert sum(_evidence(stub, first).values()) == 6
 
@@ -314,9 +320,11 @@ def test_a_batch_that_differs_in_any_way_is_resolved_afresh(db_url: str, change:
 def test_batch_replies_expire_after_the_configured_time(db_url: str) -> None:
     with serving(db_url, batch_reply_ttl_seconds=1) as (_, stub):
         first = _batch(stub, MENTIONS)
-        assert _batch(stub, MENTIONS).SerializeToString() == first.SerializeToString()
+        again = _batch(stub, MENTIONS)
+        assert again.replayed and list(again.results) == list(first.results)
         time.sleep(1.2)
         later = _batch(stub, MENTIONS)
+        assert not later.replayed
         assert later.results[0].resolved.match_kind == pb.EXACT
         assert not later.results[0].resolved.created
 

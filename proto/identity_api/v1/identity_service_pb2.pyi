@@ -149,10 +149,12 @@ class ResolveBatchResult(_message.Message):
     def __init__(self, resolved: _Optional[_Union[ResolveResponse, _Mapping]] = ..., error: _Optional[_Union[ItemError, _Mapping]] = ...) -> None: ...
 
 class ResolveBatchResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "replayed")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[ResolveBatchResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[ResolveBatchResult, _Mapping]]] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, results: _Optional[_Iterable[_Union[ResolveBatchResult, _Mapping]]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class Entity(_message.Message):
     __slots__ = ("entity_id", "name", "entity_type", "status", "aliases", "surface_forms", "redirect_to", "placeholder", "evidence_count", "paper_count")

@@ -86,7 +86,7 @@ def test_stored_mention_ids_agree_with_resolve(tmp_path: Path, real_server: str)
         for paper_id, items in by_paper.items():
             # The same paper's batch again: the server replays the reply the job stored.
             replay = client.resolve_batch(paper_id, [(t, e) for t, e, _ in items])
-            for (text, etype, resolved), r in zip(items, replay, strict=True):
+            for (text, etype, resolved), r in zip(items, replay.outcomes, strict=True):
                 assert isinstance(r, Resolution)
                 live = client.get_entity(r.entity_id)
                 if (live.redirect_to or r.entity_id) != resolved:
@@ -203,7 +203,8 @@ def _revision(revision: str, rel: tuple[str, str]) -> dict[str, Any]:
 def test_a_new_revision_with_the_same_mentions_creates_nothing(
         tmp_path: Path, real_server: str, one_job: bool) -> None:
     """The server answers the new revision's batch (same paper, same mentions) with the first
-    revision's reply, `created` included; ingest neither counts nor stores those as new."""
+    revision's reply, `created` included; ingest neither counts nor stores those as new, and
+    stores the revision's mentions as the server decides them now (found, by their name)."""
     import json
 
     v1, v2 = tmp_path / "v1.jsonl", tmp_path / "v2.jsonl"
@@ -219,6 +220,38 @@ def test_a_new_revision_with_the_same_mentions_creates_nothing(
     created = rows(db, "SELECT revision, count(*) FILTER (WHERE created) FROM mentions "
                        "GROUP BY revision ORDER BY revision")
     assert created == [("v1", 3), ("v2", 0)]
+    kinds = rows(db, "SELECT revision, list(DISTINCT match_kind) FROM mentions "
+                     "GROUP BY revision ORDER BY revision")
+    assert kinds == [("v1", ["new"]), ("v2", ["exact"])]
+
+
+def test_a_new_revision_replayed_after_a_merge_stores_live_ids_and_rejects_the_self_loop(
+        tmp_path: Path, real_server: str) -> None:
+    """After a merge, the first revision's replayed reply names the merged-away entity; the
+    new revision's two mentions of the one entity now make a self-loop, rejected like any."""
+    import json
+
+    def revision(name: str, rel: tuple[str, str]) -> str:
+        paper = _revision(name, rel)
+        paper["mentions"][1] = {"id": "b", "text": "Quorbex Network", "type": "method"}
+        return json.dumps(paper) + "\n"
+
+    v1, v2 = tmp_path / "v1.jsonl", tmp_path / "v2.jsonl"
+    v1.write_text(revision("v1", ("c", "b")), encoding="utf-8")
+    v2.write_text(revision("v2", ("a", "b")), encoding="utf-8")
+    db = tmp_path / "graph.duckdb"
+    with GraphSink(db) as sink, IdentityClient(real_server, policy=POLICY,
+                                               admin_token=TOKEN) as client:
+        run_job([v1], sink=sink, resolver=client, options=JobOptions(concurrency=1))
+        ids = dict(sink.query("SELECT mention_id, entity_id FROM mentions"))
+        client.merge(ids["a"], ids["b"])
+        summary = run_job([v2], sink=sink, resolver=client, options=JobOptions(concurrency=1))
+    assert (summary.changed, summary.rejected_items) == (1, 1)
+    assert rows(db, "SELECT mention_id, entity_id FROM mentions WHERE revision = 'v2' "
+                    "ORDER BY mention_id") == [("a", ids["b"]), ("b", ids["b"]), ("c", ids["c"])]
+    assert rows(db, "SELECT count(*) FROM relationships WHERE revision = 'v2'") == [(0,)]
+    (reason,) = rows(db, "SELECT reason FROM rejects")[0]
+    assert "self-loop" in reason and ids["b"] in reason
 
 
 def test_a_mention_the_server_refuses_is_named_by_its_place_in_the_paper(
