@@ -125,13 +125,29 @@ CREATE OR REPLACE VIEW graph_edges AS
            confidence, raw_predicate, subject_mention_id, object_mention_id, evidence_quote
     FROM relationships_resolved WHERE valid_to IS NULL;
 CREATE OR REPLACE VIEW entities AS
-    SELECT resolved_id AS entity_id,
-           mode(display_form) AS name,
-           mode(resolved_type) AS entity_type,
+    WITH seen AS (
+        SELECT resolved_id, display_form, resolved_type, paper_id
+        FROM mentions_resolved WHERE is_current),
+    by_spelling AS (
+        SELECT resolved_id, display_form, count(*) AS n FROM seen GROUP BY ALL),
+    by_type AS (
+        SELECT resolved_id, resolved_type, count(*) AS n FROM seen GROUP BY ALL),
+    -- The most frequent spelling and type; a tie goes to the first in sort order, so the view
+    -- answers the same on the same data.
+    named AS (
+        SELECT resolved_id, first(display_form ORDER BY n DESC, display_form) AS name
+        FROM by_spelling GROUP BY resolved_id),
+    typed AS (
+        SELECT resolved_id, first(resolved_type ORDER BY n DESC, resolved_type) AS entity_type
+        FROM by_type GROUP BY resolved_id)
+    SELECT seen.resolved_id AS entity_id,
+           any_value(named.name) AS name,
+           any_value(typed.entity_type) AS entity_type,
            count(*) AS mention_count,
            count(DISTINCT paper_id) AS paper_count,
            list(DISTINCT display_form ORDER BY display_form) AS spellings
-    FROM mentions_resolved WHERE is_current GROUP BY resolved_id;
+    FROM seen JOIN named USING (resolved_id) JOIN typed USING (resolved_id)
+    GROUP BY seen.resolved_id;
 """
 
 # Spans arrive as ``Span`` named tuples (or None), which Arrow reads as this struct as they are.

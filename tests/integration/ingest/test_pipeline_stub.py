@@ -385,3 +385,27 @@ def test_a_server_that_refuses_every_call_fails_the_job(
           IdentityClient(stub.address, policy=FAST) as client,
           pytest.raises(JobError, match="UNAUTHENTICATED")):
         run_job([corpus], sink=sink, resolver=client, options=JobOptions(concurrency=1))
+
+
+def test_the_entities_view_names_an_entity_by_its_most_frequent_spelling_ties_in_sort_order(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path]) -> None:
+    """The same data gives the same `entities` rows: the most frequent spelling and type, a tie
+    going to the first in sort order (not whichever the engine met first)."""
+    def paper(pid: str, *texts: str) -> dict[str, Any]:
+        return {"paper_id": pid, "relationships": [], "mentions": [
+            {"id": f"m{i}", "text": t, "type": "method"} for i, t in enumerate(texts)]}
+
+    # Ten entities, each seen once as "Model-N Net" and once as "model-n net", in both orders.
+    upper = [f"Model-{n} Net" for n in range(10)]
+    lower = [u.lower() for u in upper]
+    first = [u if n % 2 else lo for n, (u, lo) in enumerate(zip(upper, lower, strict=True))]
+    second = [lo if n % 2 else u for n, (u, lo) in enumerate(zip(upper, lower, strict=True))]
+    corpus = jsonl(tmp_path / "in.jsonl", [
+        paper("p1", *first, "SQuAD"), paper("p2", *second, "squad"), paper("p3", "squad")])
+    db = tmp_path / "g.duckdb"
+    ingest([corpus], db, stub.address)
+    assert rows(db, "SELECT name, entity_type, mention_count, paper_count, spellings "
+                    "FROM entities ORDER BY name") == [
+        *((u, "method", 2, 2, [u, u.lower()]) for u in upper),
+        ("squad", "method", 3, 3, ["SQuAD", "squad"]),
+    ]
