@@ -108,7 +108,7 @@ def _progress(settings: Settings, total: int | None) -> tuple[Callable[[int], ob
         return _LogProgress(total, LOG_PROGRESS_EVERY_S).update, None
     from tqdm import tqdm
 
-    bar = tqdm(total=total, unit="paper", file=sys.stderr, dynamic_ncols=True,
+    bar = tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True,
                disable=None, mininterval=0.25)
     return bar.update, bar
 
@@ -138,9 +138,8 @@ class _LogProgress:
         sys.stderr.flush()
 
 
-def _count_lines(paths: Sequence[str]) -> int | None:
+def _count_lines(files: Sequence[Path]) -> int | None:
     """A cheap total for the progress bar (newline count); None for huge inputs."""
-    files = expand_paths(paths)
     if sum(f.stat().st_size for f in files) > 2 * 1024**3:
         return None
     total = 0
@@ -157,13 +156,14 @@ def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
                   else default_vocabulary())
     options = JobOptions(concurrency=settings.effective_concurrency(), limits=settings.limits(),
                          vocabulary=vocabulary, group_papers=settings.group_papers)
-    total = _count_lines(paths)
+    files = expand_paths(paths)  # once: a directory without inputs is reported once
+    total = _count_lines(files)
     with GraphSink(settings.db) as sink, identity_server_address(settings) as address, \
             _client(settings, address) as client:
         update, bar = _progress(settings, total)
         try:
             with _lean_collector():
-                summary = run_job(paths, sink=sink, resolver=client, options=options,
+                summary = run_job(files, sink=sink, resolver=client, options=options,
                                   progress=update)
         finally:
             if bar is not None:

@@ -45,6 +45,9 @@ _CHANGE = {value: pb.ChangeKind.Name(value).removeprefix("CHANGE_KIND_").lower()
            for value in pb.ChangeKind.values()}
 
 
+RETRY_WARNING_EVERY_S = 10.0  # at most one retry warning per client in this long
+
+
 class IdentityError(Exception):
     """A call to the identity server failed for good (with its gRPC status code name)."""
 
@@ -187,6 +190,7 @@ class IdentityClient:
         self._stub: Any = pb_grpc.IdentityServiceStub(self._channel)
         self._retries = 0
         self._retries_lock = threading.Lock()
+        self._retry_warned_at = -RETRY_WARNING_EVERY_S  # time.monotonic() of the last warning
 
     @property
     def retries(self) -> int:
@@ -233,10 +237,19 @@ class IdentityClient:
                         f"{policy.budget_seconds:g} s; is the identity server at {self.target} "
                         "running?)",
                     ) from e
-                logger.warning("rpc=%s count=%d status=%s attempt=%d retry_in=%.3fs",
-                               method, count, code.name, attempt, pause)
                 with self._retries_lock:
                     self._retries += 1
+                    now = time.monotonic()
+                    # One line per outage, not one per call and attempt: with many papers in
+                    # flight a restart would print hundreds; the rest go to debug.
+                    warn = now - self._retry_warned_at >= RETRY_WARNING_EVERY_S
+                    if warn:
+                        self._retry_warned_at = now
+                logger.log(logging.WARNING if warn else logging.DEBUG,
+                           "rpc=%s count=%d status=%s attempt=%d retry_in=%.3fs (retrying for "
+                           "up to %g s; further retries within %g s are logged at debug)",
+                           method, count, code.name, attempt, pause, policy.budget_seconds,
+                           RETRY_WARNING_EVERY_S)
                 self._sleep(pause)
                 backoff = min(backoff * 2, policy.max_backoff)
                 continue

@@ -45,7 +45,8 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
         path = Path(raw)
         if path.is_dir():
             found = sorted(
-                p for p in path.rglob("*") if p.is_file() and p.suffix in JSONL_SUFFIXES
+                p for p in path.rglob("*")
+                if p.is_file() and p.suffix.lower() in JSONL_SUFFIXES  # PAPERS.JSONL too
             )
             if not found:
                 logger.warning("directory %s holds no *.jsonl or *.ndjson files", path)

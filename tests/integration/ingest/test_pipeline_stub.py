@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -223,13 +224,16 @@ def test_each_kind_of_bad_input_is_rejected_and_the_rest_stored(
 
 def test_unavailable_server_is_retried(
         tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path],
-        snapshot: Callable[..., Any]) -> None:
+        snapshot: Callable[..., Any], caplog: pytest.LogCaptureFixture) -> None:
     corpus = jsonl(tmp_path / "in.jsonl", synthetic_papers(20, mentions_per_paper=5,
                                                            relationships_per_paper=3, seed=9))
     stub.servicer.fail_next(6)
-    summary, retries = ingest([corpus], tmp_path / "g.duckdb", stub.address, concurrency=1)
+    with caplog.at_level(logging.DEBUG, logger="ingest.client"):
+        summary, retries = ingest([corpus], tmp_path / "g.duckdb", stub.address, concurrency=1)
     assert retries == 6
     assert summary.ingested == 20
+    retried = [r for r in caplog.records if "retry_in" in r.getMessage()]
+    assert [r.levelno for r in retried] == [logging.WARNING] + [logging.DEBUG] * 5  # one line
     with serve_stub() as clean:
         ingest([corpus], tmp_path / "clean.duckdb", clean.address, concurrency=1)
     assert snapshot(tmp_path / "g.duckdb") == snapshot(tmp_path / "clean.duckdb")

@@ -42,8 +42,10 @@ def test_directories_are_read_recursively_in_order(tmp_path: Path) -> None:
     (tmp_path / "b.jsonl").write_text("2\n")
     (tmp_path / "a.jsonl").write_text("1\n")
     (tmp_path / "sub" / "c.ndjson").write_text("3\n")
+    (tmp_path / "sub" / "D.JSONL").write_text("4\n")  # the suffix in any case
     (tmp_path / "notes.txt").write_text("ignored\n")
-    assert [x.data for x in read_inputs([tmp_path], max_line_bytes=10)] == [b"1", b"2", b"3"]
+    assert [x.data for x in read_inputs([tmp_path], max_line_bytes=10)] == [
+        b"1", b"2", b"4", b"3"]
 
 
 def test_missing_path_is_an_input_error(tmp_path: Path) -> None:
