@@ -207,6 +207,16 @@ class RelationshipIn(BaseModel):
             raise ValueError(f"predicate is {len(value)} characters long, more than cap {cap}")
         return value
 
+    @field_validator("confidence", mode="before")
+    @classmethod
+    def _confidence_in_range(cls, value: Any) -> Any:
+        """An integer beyond any float (1 followed by 400 zeros) is out of range, not 'not a
+        number' as the float check would say."""
+        if type(value) is int and not 0 <= value <= 1:
+            shown = value if abs(value) < 10**12 else f"a {len(str(abs(value)))}-digit number"
+            raise ValueError(f"confidence must be between 0 and 1, got {shown}")
+        return value
+
     @field_validator("confidence")
     @classmethod
     def _confidence(cls, value: float | None) -> float | None:
