@@ -4,7 +4,7 @@ Read-mostly mix without a context id: 85% existing names (55% exact, 10% case, 1
 10% alias), 10% single typos, 5% new names. The same requests go to the identity server and to
 the echo service, in rounds alternating between the two; the figures are the medians of the
 rounds' calls/s, the ratio the median of the rounds' ratios, with p50 and p99 latency over all
-calls of all rounds. Beside it, a report row: the echo again with 10, 20 and 100 µs of pure
+calls of all rounds. Beside it, a report row: the echo again with 20 and 100 µs of pure
 Python per call before its canned reply, which shows how much of the gap any handler work of that
 size opens (the bound of goal 2 for a Python handler).
 """
@@ -83,19 +83,19 @@ def handler_cost(echo: Client, pool: Sequence[Stored], *, calls: int, rounds: in
                 pairs.append((float(plain["calls_per_s"]), float(got["calls_per_s"])))  # type: ignore[arg-type]
         ratios[us] = median([b / p for p, b in pairs])
         data[f"{us:g}"] = {"plain_busy_calls_per_s": pairs}
-    middle = sorted(busy_us)[len(busy_us) // 2]
+    quoted = min(busy_us)  # the ratio quoted: the smallest handler cost measured
     return Row(
         "2 unary bound",
         f"the echo with {', '.join(f'{us:g}' for us in busy_us)} µs of pure-Python work per call "
         f"before replying vs the plain echo, rounds alternating, {CALLERS} callers, same mix: "
-        f"what handler work costs the gRPC stack (ratio: {middle:g} µs)",
+        f"what handler work costs the gRPC stack (ratio: {quoted:g} µs)",
         ", ".join(f"+{us:g} µs: {ratios[us]:.2f}x" for us in busy_us),
-        "the plain echo", ratios[middle], "report", None, data)
+        "the plain echo", ratios[quoted], "report", None, data)
 
 
 def run(server: Client, echo: Client, pool: Sequence[Stored], *, n_entities: int, calls: int,
         rounds: int, time_cap_s: float = 30.0,
-        busy_us: Sequence[float] = (10, 20, 100)) -> list[Row]:
+        busy_us: Sequence[float] = (20, 100)) -> list[Row]:
     warm = unary_requests(mention_mix(pool, 300, MIX, seed=98))
     drive(server.resolve, warm, concurrency=CALLERS)
     drive(echo.resolve, warm, concurrency=CALLERS)

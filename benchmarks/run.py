@@ -42,7 +42,7 @@ def profile(quick: bool) -> dict[str, Any]:
     return {"core_sizes": [10_000, 100_000, 1_000_000], "grpc_n": 1_000_000, "papers": 10_000,
             "ingest_n": 100_000, "per_kind": 1000, "repeats": 5, "scan_queries": 15,
             "batch_items": 2000, "batch_rounds": 5, "unary_calls": 2000, "unary_rounds": 5,
-            "ingest_repeats": 3}
+            "ingest_repeats": 2}  # 2 pairs of 10,000-paper runs a mode: the suite's longest part
 
 
 def machine() -> dict[str, str]:
