@@ -870,18 +870,20 @@ class IdentityService:
             canonical = [e for e in entities if e.status is Status.CANONICAL]
             for p in entities:
                 if p.status is Status.PROVISIONAL and not p.placeholder:
-                    targets.setdefault(p.entity_id, set()).update(
-                        c.entity_id for c in canonical
-                        if types_compatible(c.entity_type, p.entity_type))
+                    found = {c.entity_id for c in canonical
+                             if types_compatible(c.entity_type, p.entity_type)}
+                    if found:
+                        targets.setdefault(p.entity_id, set()).update(found)
 
     def _import_merges(self, u: Unit, provisional: list[str], targets: dict[str, set[str]],
                        counts: dict[str, int]) -> None:
         """Merge each provisional entity into its one target, or link it to each of several;
         what changed since the targets were collected (a merge, a promotion) is read again."""
-        for pid in sorted(provisional, key=self._ordinal_of):
-            p = self.index.get(pid)
-            if p is None or p.status is not Status.PROVISIONAL or p.placeholder:
+        entities = (self.index.get(pid) for pid in provisional)
+        for p in sorted((e for e in entities if e is not None), key=lambda e: e.ordinal):
+            if p.status is not Status.PROVISIONAL or p.placeholder:
                 continue
+            pid = p.entity_id
             live = {e.entity_id: e for e in (self.index.live(t) for t in targets[pid]) if e}
             found = sorted((c for c in live.values() if c.status is Status.CANONICAL
                             and types_compatible(c.entity_type, p.entity_type)),
@@ -892,10 +894,6 @@ class IdentityService:
             elif len(found) > 1:
                 linked = [c for c in found if u.link(pid, c.entity_id)]
                 counts["linked"] += bool(linked)
-
-    def _ordinal_of(self, entity_id: str) -> int:
-        entity = self.index.get(entity_id)
-        return entity.ordinal if entity is not None else 0
 
 
 def _checked_id(value: str, what: str = "id") -> str:
