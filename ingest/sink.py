@@ -123,7 +123,9 @@ CREATE OR REPLACE VIEW graph_edges AS
     SELECT relationship_id, paper_id, revision,
            resolved_subject_id AS subject_id, predicate, resolved_object_id AS object_id,
            confidence, raw_predicate, subject_mention_id, object_mention_id, evidence_quote
-    FROM relationships_resolved WHERE valid_to IS NULL;
+    FROM relationships_resolved
+    -- A merge that joined an edge's two ends leaves no edge: ingest rejects a self-loop.
+    WHERE valid_to IS NULL AND resolved_subject_id <> resolved_object_id;
 CREATE OR REPLACE VIEW entities AS
     WITH seen AS (
         SELECT resolved_id, display_form, resolved_type, paper_id

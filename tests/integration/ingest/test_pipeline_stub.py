@@ -347,6 +347,33 @@ def test_merge_on_the_server_shows_through_the_views_after_sync(
     assert (y,) in rows(db, "SELECT entity_id FROM entities")
 
 
+def test_an_edge_whose_ends_a_merge_joined_leaves_the_current_graph(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path]) -> None:
+    paper = {"paper_id": "p1",
+             "mentions": [{"id": "m1", "text": "BERT-base", "type": "method"},
+                          {"id": "m2", "text": "BERT", "type": "method"},
+                          {"id": "m3", "text": "SQuAD", "type": "dataset"}],
+             "relationships": [{"subject": "m1", "predicate": "extends", "object": "m2"},
+                               {"subject": "m1", "predicate": "evaluated on", "object": "m3"}]}
+    db = tmp_path / "g.duckdb"
+    ingest([jsonl(tmp_path / "in.jsonl", [paper])], db, stub.address)
+    base, bert = stub_entity_id("method", "BERT-base"), stub_entity_id("method", "BERT")
+    squad = stub_entity_id("dataset", "SQuAD")
+    edges = "SELECT subject_id, predicate, object_id FROM graph_edges ORDER BY predicate"
+    assert rows(db, edges) == [(base, "evaluated_on", squad), (base, "extends", bert)]
+    with IdentityClient(stub.address, policy=FAST) as client:
+        client.merge(base, bert)  # a curator: BERT-base is BERT
+    with GraphSink(db) as sink, IdentityClient(stub.address, policy=FAST) as client:
+        assert sync_redirects(client, sink).merges == 1
+    # "BERT extends BERT" is no edge (ingest rejects a self-loop); the other edge follows the
+    # merge, and the stored row is kept as it was, visible resolved.
+    assert rows(db, edges) == [(bert, "evaluated_on", squad)]
+    assert rows(db, "SELECT subject_id, object_id FROM relationships WHERE predicate = "
+                    "'extends'") == [(base, bert)]
+    assert rows(db, "SELECT resolved_subject_id, resolved_object_id, valid_to IS NULL FROM "
+                    "relationships_resolved WHERE predicate = 'extends'") == [(bert, bert, True)]
+
+
 def test_memory_does_not_grow_with_the_batch(
         tmp_path: Path, jsonl: Callable[..., Path]) -> None:
     import subprocess
