@@ -12,7 +12,6 @@ import json
 import logging
 import sqlite3
 import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,16 +36,12 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.errors import StoreUnavailable
 from identity_server.store import schema as t
-from identity_server.store.wal_index import WalIndexHeader
 
 logger = logging.getLogger(__name__)
 
 _PG_LOCK_KEY = 0x1D_E7_17  # the advisory lock that serialises identity writes
 RETIRED = "retired"
 WAL_SIZE_LIMIT = 64 * 1024 * 1024  # a WAL file bigger than this is cut back when it starts over
-# How long a look at the wal-index header alone may stand for PRAGMA data_version: past it, the
-# next look asks SQLite too, which also checks that the mapped header still moves with commits.
-WAL_INDEX_TRUSTED_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +86,6 @@ class SqlStore:
         self._watch: sqlite3.Connection | None = None
         self._checkpointer: _Checkpointer | None = None
         self._watch_lock = threading.Lock()
-        self._wal_index: WalIndexHeader | None = None
-        # (wal-index header, data_version, time.monotonic()) at the last look through SQLite,
-        # the header read before the marker, so a commit between the two shows as a change.
-        self._last_look: tuple[bytes, int, float] | None = None
         # SQLite: one connection kept for every write of this process (writes are serialised
         # anyway), instead of a pool checkout, begin and return per transaction: a third of a
         # small write transaction's cost.
@@ -113,8 +104,6 @@ class SqlStore:
             t.metadata.create_all(self.engine)
             if database is not None:
                 self._watch = _side_connection(database)
-                self._watch.execute("PRAGMA data_version").fetchone()  # maps the wal-index
-                self._wal_index = WalIndexHeader.open(database)
                 self._checkpointer = _Checkpointer(database, checkpoint_every_s)
         except (SQLAlchemyError, sqlite3.Error) as e:
             raise StoreUnavailable(f"cannot open the identity store at {_safe(url)}: {e}") from e
@@ -122,10 +111,6 @@ class SqlStore:
     def close(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.close()
-        with self._watch_lock:
-            wal_index, self._wal_index = self._wal_index, None
-            if wal_index is not None:
-                wal_index.close()
         if self._watch is not None:
             self._watch.close()
         with self._writer_lock:
@@ -135,25 +120,11 @@ class SqlStore:
     def commit_marker(self) -> int | None:
         """A value that changes whenever anything is committed, or None when the store cannot
         tell (then callers must look). SQLite's `PRAGMA data_version`, read on a connection that
-        never writes, changes whenever any other connection, in any process, commits. While the
-        wal-index header has not moved since the last such read (and for at most
-        WAL_INDEX_TRUSTED_S), nothing was committed since, and that read's value stands without
-        calling SQLite (see wal_index)."""
+        never writes, changes whenever any other connection, in any process, commits."""
         if self._watch is None:
             return None
-        look = self._last_look
-        if look is not None and time.monotonic() - look[2] < WAL_INDEX_TRUSTED_S:
-            wal_index = self._wal_index
-            try:
-                if wal_index is not None and wal_index.read() == look[0]:
-                    return look[1]
-            except ValueError:  # closed meanwhile (the store closing): ask SQLite
-                pass
         with self._watch_lock:
-            header = self._header()
-            marker = int(self._watch.execute("PRAGMA data_version").fetchone()[0])
-            self._remember(header, marker)
-        return marker
+            return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
 
     def commit_state(self) -> tuple[int | None, int]:
         """(commit_marker(), the newest change-feed sequence number) read together, from one
@@ -162,33 +133,11 @@ class SqlStore:
             with self.read() as tx:
                 return None, tx.max_seq()
         with self._watch_lock:
-            header = self._header()
             marker, last = self._watch.execute(
                 "SELECT (SELECT data_version FROM pragma_data_version()),"
                 " (SELECT coalesce(max(seq), 0) FROM changes)"
             ).fetchone()
-            self._remember(header, int(marker))
         return int(marker), int(last)
-
-    def _header(self) -> bytes | None:
-        """The wal-index header now, if mapped (under _watch_lock, before asking SQLite)."""
-        return self._wal_index.read() if self._wal_index is not None else None
-
-    def _remember(self, header: bytes | None, marker: int) -> None:
-        """Keep what a look through SQLite saw (under _watch_lock). A marker that moved while
-        the header did not means the mapping no longer follows the database's commits: from
-        then on every look asks SQLite."""
-        previous = self._last_look
-        if header is None:
-            return
-        if previous is not None and previous[0] == header and previous[1] != marker:
-            logger.warning("the store's wal-index header stopped following its commits; "
-                           "every read now asks SQLite whether anything was committed")
-            wal_index, self._wal_index, self._last_look = self._wal_index, None, None
-            if wal_index is not None:
-                wal_index.close()
-            return
-        self._last_look = (header, marker, time.monotonic())
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
