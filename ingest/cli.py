@@ -23,7 +23,14 @@ from typing import Any
 import grpc
 
 from ingest.client import IdentityClient, IdentityError, RetryPolicy
-from ingest.pipeline import JobError, JobOptions, Summary, run_job, sync_redirects
+from ingest.pipeline import (
+    JobError,
+    JobOptions,
+    Summary,
+    check_same_store,
+    run_job,
+    sync_redirects,
+)
 from ingest.read import InputError, expand_paths
 from ingest.settings import Settings
 from ingest.sink import GraphSink, SinkError
@@ -160,6 +167,7 @@ def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
     total = _count_lines(files)
     with GraphSink(settings.db) as sink, identity_server_address(settings) as address, \
             _client(settings, address) as client:
+        check_same_store(client, sink)  # before any id from another store gets stored
         update, bar = _progress(settings, total)
         try:
             with _lean_collector():

@@ -298,13 +298,17 @@ class IdentityClient:
             request, timeout=t, metadata=self._metadata(admin=True)))
         return _entity(reply.entity)
 
-    def list_changes(self, after_sequence: int = 0) -> Iterator[ChangeEvent]:
-        """Every change after ``after_sequence`` (no follow); resumes where it broke off."""
+    def list_changes(self, after_sequence: int = 0, limit: int = 0) -> Iterator[ChangeEvent]:
+        """Every change after ``after_sequence`` (no follow), or the first ``limit`` of them;
+        resumes where it broke off."""
         last = after_sequence
         give_up_at = time.monotonic() + self.policy.budget_seconds
         backoff = self.policy.initial_backoff
         while True:
-            request = pb.ListChangesRequest(after_sequence=last, follow=False)
+            left = limit - (last - after_sequence) if limit else 0
+            if limit and left <= 0:
+                return
+            request = pb.ListChangesRequest(after_sequence=last, follow=False, limit=left)
             try:
                 for reply in self._stub.ListChanges(request,
                                                     timeout=self.policy.deadline_seconds * 6):

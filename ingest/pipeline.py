@@ -306,19 +306,47 @@ class SyncResult:
     last_sequence: int
 
 
+def check_same_store(client: IdentityClient, sink: GraphSink) -> ChangeEvent | None:
+    """Refuse a graph whose ids came from another identity store (an embedded job run from
+    another directory makes a new, empty one): the store must hold the change the graph last
+    synced, at the same sequence number. Returns that change (None before any sync)."""
+    after = sink.last_sequence()
+    if after == 0:
+        return None
+    found = next(iter(client.list_changes(after - 1, limit=1)), None)
+    anchor = sink.feed_anchor()
+    if found is None or found.sequence != after:
+        raise JobError(
+            f"the identity store behind {client.target} has no change {after}, but this graph was "
+            f"synced up to it: the graph's ids come from another identity store (a new, empty "
+            f"one?). Point the job at the store this graph was built with (--identity-db or "
+            f"--server), or write to a new graph file")
+    if anchor is not None and anchor[0] == after and (
+            found.entity_id, found.recorded_at) != (anchor[1], anchor[2]):
+        raise JobError(
+            f"the identity store behind {client.target} recorded change {after} as "
+            f"{found.entity_id} at {found.recorded_at}, but this graph synced it as {anchor[1]} "
+            f"at {anchor[2]}: the graph's ids come from another identity store. Point the job "
+            f"at the store this graph was built with (--identity-db or --server), or write to "
+            f"a new graph file")
+    return found
+
+
 def sync_redirects(client: IdentityClient, sink: GraphSink) -> SyncResult:
     """Pulls the change feed after the stored position: merges become redirects (chains
     resolved); the open possibly_same_as links are refreshed for ``stats``."""
+    anchor = check_same_store(client, sink)
     after = sink.last_sequence()
     merges: list[ChangeEvent] = []
     count, last = 0, after
     for change in client.list_changes(after):
         count += 1
-        last = max(last, change.sequence)
+        if change.sequence >= last:
+            last, anchor = change.sequence, change
         if change.kind == "merged":
             merges.append(change)
     links = client.list_possibly_same_as()
-    new = sink.apply_changes(merges, links, last_sequence=last)
+    new = sink.apply_changes(merges, links, last_sequence=last, anchor=anchor)
     logger.info("sync: %d changes after %d, %d merges, %d open links", count, after, new,
                 len(links))
     return SyncResult(count, new, len(links), last)

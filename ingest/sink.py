@@ -109,6 +109,14 @@ CREATE TABLE IF NOT EXISTS sync_state (
     feed VARCHAR NOT NULL,
     last_sequence BIGINT NOT NULL
 );
+-- The last change synced, as the identity store recorded it: a store that does not hold this
+-- change at this sequence number is not the one the graph's ids came from.
+CREATE TABLE IF NOT EXISTS feed_anchor (
+    feed VARCHAR NOT NULL,
+    sequence BIGINT NOT NULL,
+    entity_id VARCHAR NOT NULL,
+    recorded_at VARCHAR NOT NULL
+);
 CREATE OR REPLACE VIEW mentions_resolved AS
     SELECT m.*, COALESCE(r.to_id, m.entity_id) AS resolved_id
     FROM mentions m LEFT JOIN redirects r ON r.from_id = m.entity_id;
@@ -349,6 +357,13 @@ class GraphSink:
         rows = self._con.execute(
             "SELECT max(last_sequence) FROM sync_state WHERE feed = ?", [feed]).fetchall()
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+    def feed_anchor(self, feed: str = "identity") -> tuple[int, str, str] | None:
+        """(sequence, entity id, recorded at) of the last change synced, if recorded."""
+        rows = self._con.execute(
+            "SELECT sequence, entity_id, recorded_at FROM feed_anchor WHERE feed = ? "
+            "ORDER BY sequence DESC LIMIT 1", [feed]).fetchall()
+        return (int(rows[0][0]), str(rows[0][1]), str(rows[0][2])) if rows else None
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Runs a read-only query (used by ``stats`` and tests)."""
@@ -592,8 +607,10 @@ class GraphSink:
     # -- sync ----------------------------------------------------------------------------------
 
     def apply_changes(self, changes: Sequence[ChangeEvent], links: Sequence[Link] | None,
-                      *, last_sequence: int = 0, feed: str = "identity") -> int:
-        """Stores merges as redirects (chains resolved), the open links, and the feed position.
+                      *, last_sequence: int = 0, feed: str = "identity",
+                      anchor: ChangeEvent | None = None) -> int:
+        """Stores merges as redirects (chains resolved), the open links, the feed position and
+        the change it stands at (``anchor``: the store's change at that sequence number).
 
         Returns the number of new merges. One transaction, so a killed sync is simply redone.
         """
@@ -635,6 +652,10 @@ class GraphSink:
             if last != before:
                 self._con.execute("DELETE FROM sync_state WHERE feed = ?", [feed])
                 self._con.execute("INSERT INTO sync_state VALUES (?, ?)", [feed, last])
+            if anchor is not None and anchor.sequence == last:
+                self._con.execute("DELETE FROM feed_anchor WHERE feed = ?", [feed])
+                self._con.execute("INSERT INTO feed_anchor VALUES (?, ?, ?, ?)",
+                                  [feed, anchor.sequence, anchor.entity_id, anchor.recorded_at])
             self._con.commit()
         except duckdb.Error as e:
             self._rollback()

@@ -186,3 +186,51 @@ def test_vocabulary_file_from_the_command_line(
     assert main(["run", str(corpus), "--db", str(tmp_path / "h.duckdb"), "--server",
                  stub.address, "--vocabulary", str(vocab), "--no-progress"]) == 1
     assert "no_such_label" in capsys.readouterr().err
+
+
+def test_a_graph_refuses_ids_from_another_identity_store(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An embedded job run from another directory gets a new, empty store by default: its ids
+    would mean other entities than the graph's. Both run and sync refuse it, storing nothing; a
+    store that replayed the same input (same ids, other changes) is refused too."""
+    import duckdb
+
+    papers = EXAMPLES / "papers.jsonl"
+    graph = tmp_path / "graph.duckdb"
+
+    def store(name: str) -> str:
+        return f"sqlite:///{tmp_path / name}"
+
+    def counts() -> tuple[int, int, int]:
+        with duckdb.connect(str(graph), read_only=True) as con:
+            return tuple(con.execute(  # type: ignore[return-value]
+                "SELECT (SELECT count(*) FROM mentions), (SELECT count(*) FROM possibly_same_as),"
+                " (SELECT max(last_sequence) FROM sync_state)").fetchone())
+
+    assert main(["run", str(papers), "--db", str(graph), "--identity-db", store("a.sqlite"),
+                 "--no-progress"]) == 0
+    before = counts()
+    assert before[0] > 0 and before[2] > 0
+    capsys.readouterr()
+
+    # A new, empty store: refused before anything is resolved or stored.
+    assert main(["run", str(EXAMPLES / "updates"), "--db", str(graph),
+                 "--identity-db", store("new.sqlite"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert f"has no change {before[2]}" in err and "another identity store" in err
+    assert main(["sync", "--db", str(graph), "--identity-db", store("new.sqlite")]) == 1
+    assert "another identity store" in capsys.readouterr().err
+    assert counts() == before
+
+    # A store that saw the same input elsewhere: the same ids, other changes.
+    assert main(["run", str(papers), "--db", str(tmp_path / "other.duckdb"),
+                 "--identity-db", store("replay.sqlite"), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["sync", "--db", str(graph), "--identity-db", store("replay.sqlite")]) == 1
+    assert f"recorded change {before[2]} as" in capsys.readouterr().err
+    assert counts() == before
+
+    # The graph's own store still works.
+    assert main(["run", str(EXAMPLES / "updates"), "--db", str(graph),
+                 "--identity-db", store("a.sqlite"), "--no-progress"]) == 0
+    assert counts()[0] > before[0]
