@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from tqdm import tqdm
 
-from identity_server.errors import IdentityError, InvalidArgument
-from identity_server.settings import Settings
+from identity_server.errors import IdentityError, InvalidArgument, StartupError
+from identity_server.settings import Settings, describe_settings_error
 
 logger = logging.getLogger("identity_server")
 
@@ -34,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     except IdentityError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (ValidationError, SettingsError) as e:
+        print(f"error: invalid setting: {describe_settings_error(e)}", file=sys.stderr)
+        return 2
+    except StartupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except grpc.RpcError as e:
         print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
         return 1

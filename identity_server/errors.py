@@ -6,6 +6,8 @@
      +-- FailedPrecondition    merge/settle that the lifecycle forbids
      +-- Unauthenticated       admin call without the admin token
      +-- StoreUnavailable      the database could not be reached or kept timing out
+
+    StartupError               the server could not start (never raised by a call)
 """
 
 from __future__ import annotations
@@ -33,3 +35,7 @@ class Unauthenticated(IdentityError):
 
 class StoreUnavailable(IdentityError):
     """The identity store failed; the call may be retried."""
+
+
+class StartupError(Exception):
+    """The server could not start (TLS files, the listening address): says which and why."""

@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from identity_server.domain import TypeVocabulary
+from identity_server.errors import StartupError
 from identity_server.handlers import SERVICE, add_identity_service, add_service
 from identity_server.service import IdentityService, ServiceConfig
 from identity_server.servicer import IdentityServicer
@@ -66,9 +67,34 @@ class RunningServer:
         self.server.wait_for_termination()
 
 
+def _tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """The TLS credentials, read before the store is opened so a typo costs no index build."""
+    if not (settings.tls_cert or settings.tls_key):
+        return None
+    if not (settings.tls_cert and settings.tls_key):
+        raise StartupError("TLS needs both --tls-cert and --tls-key")
+    try:
+        key, cert = Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes()
+    except OSError as e:
+        raise StartupError(f"cannot read the TLS certificate or key: {e}") from e
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
 def start_server(settings: Settings, *, service: IdentityService | None = None) -> RunningServer:
     """Start serving on settings.host:settings.port (0 picks a free port; see .port)."""
+    credentials = _tls_credentials(settings)
+    own_service = service is None
     service = service or build_service(settings)
+    try:
+        return _start(settings, service, credentials)
+    except BaseException:
+        if own_service:
+            service.close()
+        raise
+
+
+def _start(settings: Settings, service: IdentityService,
+           credentials: grpc.ServerCredentials | None) -> RunningServer:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="rpc"),
         options=GRPC_OPTIONS,
@@ -86,17 +112,14 @@ def start_server(settings: Settings, *, service: IdentityService | None = None) 
                 server, reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"],
                 reflection_pb2)
     address = f"{_host(settings.host)}:{settings.port}"
-    if settings.tls_cert or settings.tls_key:
-        if not (settings.tls_cert and settings.tls_key):
-            raise ValueError("TLS needs both --tls-cert and --tls-key")
-        credentials = grpc.ssl_server_credentials(
-            [(Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes())]
-        )
-        port = server.add_secure_port(address, credentials)
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        port = (server.add_secure_port(address, credentials) if credentials is not None
+                else server.add_insecure_port(address))
+    except RuntimeError:  # grpcio raises "Failed to bind" where older versions returned 0
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {address}")
+        raise StartupError(f"cannot listen on {address}: the port is in use, or the address "
+                           f"is not one of this machine's")
     server.start()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

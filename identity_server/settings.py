@@ -6,7 +6,7 @@ or by the matching command-line flag, which wins.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_TYPES: tuple[str, ...] = (
@@ -56,3 +56,17 @@ class Settings(BaseSettings):
     tls_key: str | None = Field(default=None, description="PEM private key file for TLS.")
     max_workers: int = Field(default=16, ge=1, description="gRPC handler threads.")
     grace_seconds: float = Field(default=5.0, ge=0, description="Shutdown grace period.")
+
+
+def describe_settings_error(error: ValueError, env_prefix: str = "IDENTITY_") -> str:
+    """What was wrong with the settings, one clause per bad field, naming its environment
+    variable (a flag of the same name sets it too): pydantic's own text, without its links."""
+    if isinstance(error, ValidationError):
+        clauses = []
+        for e in error.errors(include_url=False):
+            field = ".".join(str(part) for part in e["loc"]) or "settings"
+            clauses.append(f"{field} ({env_prefix}{field.upper()}): {e['msg']} "
+                           f"(got {e.get('input')!r})")
+        return "; ".join(clauses)
+    cause = error.__cause__
+    return f"{error}: {cause}" if cause else str(error)

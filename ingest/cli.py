@@ -47,6 +47,7 @@ def identity_server_address(settings: Settings) -> Iterator[str]:
         return
     from identity_server.server import start_server  # lazy: the only import of the server
     from identity_server.settings import Settings as ServerSettings
+    from identity_server.settings import describe_settings_error
 
     server_settings: dict[str, Any] = {"db_url": settings.embedded_db_url, "port": 0}
     if settings.admin_token:
@@ -55,8 +56,9 @@ def identity_server_address(settings: Settings) -> Iterator[str]:
         running = start_server(ServerSettings(**server_settings))
     except Exception as e:
         logger.debug("embedded server failed to start", exc_info=True)
+        why = describe_settings_error(e) if isinstance(e, ValueError) else str(e)
         raise JobError(f"cannot start the embedded identity server "
-                       f"({settings.embedded_db_url}): {e}") from e
+                       f"({settings.embedded_db_url}): {why}") from e
     logger.info("embedded identity server on 127.0.0.1:%d (%s)", running.port,
                 settings.embedded_db_url)
     try:
@@ -297,7 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings(**overrides)
     except ValueError as e:
-        parser.error(str(e))
+        from identity_server.settings import describe_settings_error
+
+        parser.error(f"invalid setting: {describe_settings_error(e, 'INGEST_')}")
     if settings.db is None:
         parser.error("--db is required (or set INGEST_DB)")
     try:

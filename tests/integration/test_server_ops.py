@@ -12,6 +12,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -543,3 +544,32 @@ def test_tls_clients_of_the_command_line(tmp_path: Path, db_url: str,
         assert "cannot read the TLS root certificates" in capsys.readouterr().err
     finally:
         running.stop(grace=0)
+
+
+def test_cli_serve_says_what_is_wrong_with_its_settings_and_exits_non_zero(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad settings exit 2 and a server that cannot start exits 1, each with one line naming
+    the setting or the cause: no traceback, and no index built before a TLS typo is found."""
+    from identity_server.cli import main as cli_main
+
+    db = ["--db", f"sqlite:///{tmp_path / 'never.sqlite'}"]
+    assert cli_main(["serve", "--port", "70000", *db]) == 2
+    assert "port (IDENTITY_PORT): Input should be less than or equal to 65535 (got 70000)" in (
+        capsys.readouterr().err)
+    monkeypatch.setenv("IDENTITY_STRICT_TYPES", "maybe")
+    assert cli_main(["serve", "--port", "0", *db]) == 2
+    assert "strict_types (IDENTITY_STRICT_TYPES)" in capsys.readouterr().err
+    monkeypatch.delenv("IDENTITY_STRICT_TYPES")
+    assert cli_main(["serve", "--port", "0", "--tls-cert", str(tmp_path / "no.pem"), *db]) == 1
+    assert "TLS needs both --tls-cert and --tls-key" in capsys.readouterr().err
+    assert cli_main(["serve", "--port", "0", "--tls-cert", str(tmp_path / "no.pem"),
+                     "--tls-key", str(tmp_path / "no.key"), *db]) == 1
+    assert "cannot read the TLS certificate or key" in capsys.readouterr().err
+    assert not (tmp_path / "never.sqlite").exists()  # the store was never opened
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli_main(["serve", "--host", "127.0.0.1", "--port", str(port), *db]) == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -234,3 +234,21 @@ def test_a_graph_refuses_ids_from_another_identity_store(
     assert main(["run", str(EXAMPLES / "updates"), "--db", str(graph),
                  "--identity-db", store("a.sqlite"), "--no-progress"]) == 0
     assert counts()[0] > before[0]
+
+
+def test_bad_settings_exit_2_naming_the_setting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["run", str(EXAMPLES / "papers.jsonl"), "--db", str(tmp_path / "g.duckdb")]
+    with pytest.raises(SystemExit) as exited:
+        main([*args, "--concurrency", "0"])
+    assert exited.value.code == 2
+    assert ("invalid setting: concurrency (INGEST_CONCURRENCY): Input should be greater than or "
+            "equal to 1 (got 0)") in capsys.readouterr().err
+    monkeypatch.setenv("IDENTITY_STRICT_TYPES", "maybe")  # read by the embedded server
+    assert main([*args, "--identity-db", f"sqlite:///{tmp_path / 'i.sqlite'}"]) == 1
+    assert "strict_types (IDENTITY_STRICT_TYPES)" in capsys.readouterr().err
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "g.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM mentions").fetchone() == (0,)
