@@ -191,6 +191,10 @@ class IdentityClient:
         self._retries = 0
         self._retries_lock = threading.Lock()
         self._retry_warned_at = -RETRY_WARNING_EVERY_S  # time.monotonic() of the last warning
+        # time.monotonic() of the first failure since the last success, shared by every call:
+        # the budget is the outage's, so the calls in flight give up together instead of each
+        # starting its own budget when it first fails.
+        self._outage_since: float | None = None
 
     @property
     def retries(self) -> int:
@@ -214,7 +218,6 @@ class IdentityClient:
     def _call(self, method: str, fn: Callable[[float], T], count: int = 1) -> T:
         """Runs ``fn(timeout)`` with retries on UNAVAILABLE / DEADLINE_EXCEEDED."""
         policy = self.policy
-        give_up_at = time.monotonic() + policy.budget_seconds
         backoff = policy.initial_backoff
         attempt = 0
         while True:
@@ -229,33 +232,44 @@ class IdentityClient:
                     logger.info("rpc=%s count=%d status=%s attempt=%d duration=%.4fs",
                                 method, count, code.name, attempt, time.monotonic() - started)
                     raise IdentityError(method, code.name, details) from e
-                pause = random.uniform(0, backoff)
-                if time.monotonic() + pause > give_up_at:
-                    raise ServerUnavailable(
-                        method, code.name,
-                        f"{details} (gave up after {attempt} attempts in "
-                        f"{policy.budget_seconds:g} s; is the identity server at {self.target} "
-                        "running?)",
-                    ) from e
-                with self._retries_lock:
-                    self._retries += 1
-                    now = time.monotonic()
-                    # One line per outage, not one per call and attempt: with many papers in
-                    # flight a restart would print hundreds; the rest go to debug.
-                    warn = now - self._retry_warned_at >= RETRY_WARNING_EVERY_S
-                    if warn:
-                        self._retry_warned_at = now
-                logger.log(logging.WARNING if warn else logging.DEBUG,
-                           "rpc=%s count=%d status=%s attempt=%d retry_in=%.3fs (retrying for "
-                           "up to %g s; further retries within %g s are logged at debug)",
-                           method, count, code.name, attempt, pause, policy.budget_seconds,
-                           RETRY_WARNING_EVERY_S)
-                self._sleep(pause)
+                self._sleep(self._pause_before_retry(
+                    e, method, code.name, details, attempt, backoff, f"count={count}"))
                 backoff = min(backoff * 2, policy.max_backoff)
                 continue
+            self._outage_since = None
             logger.debug("rpc=%s count=%d status=OK attempt=%d duration=%.4fs",
                          method, count, attempt, time.monotonic() - started)
             return result
+
+    def _pause_before_retry(self, error: grpc.RpcError, method: str, code: str, details: str,
+                            attempt: int, backoff: float, what: str) -> float:
+        """How long to wait before retrying a failed call; raises ServerUnavailable once the
+        outage (shared by every call of this client) has lasted the retry budget."""
+        budget = self.policy.budget_seconds
+        pause = random.uniform(0, backoff)
+        with self._retries_lock:
+            now = time.monotonic()
+            if self._outage_since is None:
+                self._outage_since = now
+            if now + pause > self._outage_since + budget:
+                raise ServerUnavailable(
+                    method, code,
+                    f"{details} (gave up after {attempt} attempts: the server has been "
+                    f"unreachable for the retry budget of {budget:g} s; is the identity server "
+                    f"at {self.target} running?)",
+                ) from error
+            self._retries += 1
+            # One line per outage, not one per call and attempt: with many papers in flight a
+            # restart would print hundreds; the rest go to debug.
+            warn = now - self._retry_warned_at >= RETRY_WARNING_EVERY_S
+            if warn:
+                self._retry_warned_at = now
+        logger.log(logging.WARNING if warn else logging.DEBUG,
+                   "rpc=%s %s status=%s attempt=%d retry_in=%.3fs: %s (retrying for up to %g s; "
+                   "further retries within %g s are logged at debug)",
+                   method, what, code, attempt, pause, details[:200], budget,
+                   RETRY_WARNING_EVERY_S)
+        return pause
 
     def resolve(
         self, mention: str, entity_type: str, *, context_id: str = "", lookup_only: bool = False
@@ -302,9 +316,10 @@ class IdentityClient:
         """Every change after ``after_sequence`` (no follow), or the first ``limit`` of them;
         resumes where it broke off."""
         last = after_sequence
-        give_up_at = time.monotonic() + self.policy.budget_seconds
         backoff = self.policy.initial_backoff
+        attempt = 0
         while True:
+            attempt += 1
             left = limit - (last - after_sequence) if limit else 0
             if limit and left <= 0:
                 return
@@ -314,20 +329,18 @@ class IdentityClient:
                                                     timeout=self.policy.deadline_seconds * 6):
                     c = reply.change
                     last = c.sequence
+                    self._outage_since = None
                     yield ChangeEvent(c.sequence, _CHANGE.get(c.kind, "unspecified"),
                                       c.entity_id, c.other_id, c.detail, c.recorded_at)
+                self._outage_since = None
                 return
             except grpc.RpcError as e:
                 code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
                 details = (e.details() if isinstance(e, grpc.Call) else str(e)) or ""
                 if code not in RETRYABLE:
                     raise IdentityError("ListChanges", code.name, details) from e
-                pause = random.uniform(0, backoff)
-                if time.monotonic() + pause > give_up_at:
-                    raise ServerUnavailable("ListChanges", code.name, details) from e
-                logger.warning("rpc=ListChanges status=%s after=%d retry_in=%.3fs",
-                               code.name, last, pause)
-                self._sleep(pause)
+                self._sleep(self._pause_before_retry(
+                    e, "ListChanges", code.name, details, attempt, backoff, f"after={last}"))
                 backoff = min(backoff * 2, self.policy.max_backoff)
 
     def _list_links(self, request: pb.ListPossiblySameAsRequest) -> pb.ListPossiblySameAsResponse:

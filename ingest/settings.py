@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ingest.models import Limits
@@ -52,6 +52,21 @@ class Settings(BaseSettings):
     )
     group_papers: int = Field(default=500, ge=1, description="Papers per write transaction.")
     progress: bool = Field(default=True, description="Show a progress bar on stderr.")
+
+    @field_validator("server")
+    @classmethod
+    def _a_grpc_target(cls, value: str | None) -> str | None:
+        """host:port (or a gRPC target such as dns:///host:port or unix:/path), never a URL:
+        gRPC would only fail on it after the whole retry budget."""
+        if value is None:
+            return None
+        value = value.strip()
+        scheme = value.split(":", 1)[0].lower() if "://" in value else ""
+        if scheme and scheme not in {"dns", "unix", "unix-abstract", "ipv4", "ipv6", "vsock"}:
+            raise ValueError(f"takes host:port (e.g. 127.0.0.1:50051), not a {scheme}:// URL")
+        if not value or (not scheme and ":" not in value and not value.startswith("unix:")):
+            raise ValueError("takes host:port (e.g. 127.0.0.1:50051)")
+        return value
 
     def effective_concurrency(self) -> int:
         if self.concurrency is not None:

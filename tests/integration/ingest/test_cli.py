@@ -252,3 +252,12 @@ def test_bad_settings_exit_2_naming_the_setting(
 
     with duckdb.connect(str(tmp_path / "g.duckdb"), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM mentions").fetchone() == (0,)
+
+
+def test_a_url_for_the_server_is_refused_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(tmp_path / "g.duckdb"),
+              "--server", "http://127.0.0.1:50051"])
+    assert exited.value.code == 2
+    assert "takes host:port (e.g. 127.0.0.1:50051), not a http:// URL" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import duckdb
 import grpc
 import pytest
 
-from ingest.client import IdentityClient, RetryPolicy
+from ingest.client import IdentityClient, RetryPolicy, ServerUnavailable
 from ingest.models import Limits
 from ingest.pipeline import JobError, JobOptions, Summary, run_job, sync_redirects
 from ingest.sink import GraphSink
@@ -440,3 +441,31 @@ def test_the_entities_view_names_an_entity_by_its_most_frequent_spelling_ties_in
         *((u, "method", 2, 2, [u, u.lower()]) for u in upper),
         ("squad", "method", 3, 3, ["SQuAD", "squad"]),
     ]
+
+
+def test_calls_in_flight_share_one_outage_budget(tmp_path: Path) -> None:
+    """Calls that start failing one after another give up together when the server has been
+    unreachable for the budget, not each a budget after its own first failure (papers in flight
+    used to keep a job retrying for about twice the budget)."""
+    with serve_stub() as gone:
+        address = gone.address
+    policy = RetryPolicy(deadline_seconds=0.2, budget_seconds=1.0, initial_backoff=0.05,
+                         max_backoff=0.1)
+    gave_up: list[float] = []
+    with IdentityClient(address, policy=policy) as client:
+        started = time.monotonic()
+
+        def call(delay: float) -> None:
+            time.sleep(delay)
+            with pytest.raises(ServerUnavailable, match="retry budget of 1 s"):
+                client.resolve("BERT", "method")
+            gave_up.append(time.monotonic() - started)
+
+        callers = [threading.Thread(target=call, args=(d,)) for d in (0.0, 0.4, 0.8)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join(timeout=30)
+    assert len(gave_up) == 3
+    # Each its own budget would end the last near 1.8 s; one shared outage ends all near 1 s.
+    assert max(gave_up) < 1.6, gave_up
