@@ -124,8 +124,11 @@ class IdentityServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
             )
         given = dict(context.invocation_metadata()).get("authorization", "")
         presented = given.encode() if isinstance(given, str) else given
-        if not hmac.compare_digest(presented, f"Bearer {self.admin_token}".encode()):
+        if not presented:
             raise Unauthenticated("admin RPC needs metadata 'authorization: Bearer <admin token>'")
+        if not hmac.compare_digest(presented, f"Bearer {self.admin_token}".encode()):
+            raise Unauthenticated("admin RPC: the 'authorization' metadata is not 'Bearer ' "
+                                  "followed by this server's admin token")
 
     @_rpc()
     def Resolve(self, request: pb.ResolveRequest, context: grpc.ServicerContext) -> pb.ResolveResponse:

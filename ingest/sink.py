@@ -296,11 +296,25 @@ class _Rows:
                         schema=self.schema)
 
 
+def _refuse_sqlite(path: Path) -> None:
+    """DuckDB opens a SQLite file through an extension it would download: name the mistake
+    (an identity store given as the graph) instead."""
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(16)
+    except OSError:
+        return  # a new graph, or a path DuckDB will report on
+    if magic == b"SQLite format 3\0":
+        raise SinkError(f"{path} is a SQLite database (an identity store?), not a DuckDB graph: "
+                        f"give --db the graph file")
+
+
 class GraphSink:
     """The one writer of one DuckDB file. Not thread-safe: use it from one thread."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
+        _refuse_sqlite(Path(path))
         try:
             self._con = duckdb.connect(self.path)
             self._con.execute(SCHEMA_SQL)

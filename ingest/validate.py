@@ -200,6 +200,10 @@ def _parse_line(raw: RawLine, vocabulary: Vocabulary, limits: Limits) -> Checked
         obj = json.loads(raw.data.decode("utf-8").removeprefix("\ufeff"))
     except UnicodeDecodeError as e:
         return LineReject(raw.position, f"line is not valid UTF-8: {e}", _keep(prefix))
+    except json.JSONDecodeError as e:
+        # Its "line 1 column 42" counts inside the JSON text; the position names the file line.
+        return LineReject(raw.position, f"line is not valid JSON: {e.msg} at column {e.colno}",
+                          _keep(prefix))
     except ValueError as e:
         return LineReject(raw.position, f"line is not valid JSON: {e}", _keep(prefix))
     if not isinstance(obj, dict):

@@ -261,3 +261,15 @@ def test_a_url_for_the_server_is_refused_at_once(
               "--server", "http://127.0.0.1:50051"])
     assert exited.value.code == 2
     assert "takes host:port (e.g. 127.0.0.1:50051), not a http:// URL" in capsys.readouterr().err
+
+
+def test_an_identity_store_given_as_the_graph_is_named_as_such(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import sqlite3
+
+    store = tmp_path / "identity.sqlite"
+    with sqlite3.connect(store) as con:
+        con.execute("CREATE TABLE entities (entity_id TEXT)")
+    assert main(["stats", "--db", str(store)]) == 1
+    assert "is a SQLite database (an identity store?), not a DuckDB graph" in (
+        capsys.readouterr().err)
