@@ -264,7 +264,8 @@ class IdentityService:
         settled)."""
         checked: set[str] = set()
         index = self.index
-        for eid in list(u.touched):
+        touched, u.touched_since_linking = u.touched_since_linking, set()
+        for eid in touched:
             entity = index.get(eid)  # a new placeholder can be another pair's best candidate
             if entity is None or entity.status is Status.MERGED:
                 continue
@@ -447,7 +448,7 @@ class IdentityService:
                 if stored is not None:
                     return BatchReply(_decode_results(stored), replayed=True)
             results = [
-                p if isinstance(p, ItemError) else self._resolve(u, p, context_id)
+                p if isinstance(p, ItemError) else self._resolve_linking(u, p, context_id)
                 for p in parsed
             ]
             if request_hash is not None:
@@ -493,7 +494,8 @@ class IdentityService:
             group, self._waiting = self._waiting, []
         try:
             results = self._write(
-                lambda u: [self._resolve(u, p.mention, p.context_id, p.prior) for p in group]
+                lambda u: [self._resolve_linking(u, p.mention, p.context_id, p.prior)
+                           for p in group]
             )
             for p, result in zip(group, results, strict=True):
                 p.result = result
@@ -509,6 +511,14 @@ class IdentityService:
                 p.done.set()
             if successor is not None:
                 successor.done.set()
+
+    def _resolve_linking(self, u: Unit, m: Mention, context_id: str,
+                         prior: _Prior | None = None) -> ResolveResult:
+        """`_resolve`, then the placeholder links its changes call for, as a call of its own
+        would make them: the next mention of a batch or group may change who is best."""
+        result = self._resolve(u, m, context_id, prior)
+        self._link_placeholders_to_later_candidates(u)
+        return result
 
     def _resolve(self, u: Unit, m: Mention, context_id: str,
                  prior: _Prior | None = None) -> ResolveResult:

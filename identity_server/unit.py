@@ -52,6 +52,9 @@ class Unit:
         self.now = time.time()
         self.changes: list[ChangeRecord] = []
         self.touched: set[str] = set()
+        # Touched since the service last linked placeholders to new candidates (after each
+        # resolve, so a candidate that is best only between two mentions of a batch counts).
+        self.touched_since_linking: set[str] = set()
         # Touched otherwise than by a surface form alone (which is never a typo anchor): given a
         # name, an alias, a type or a status, so possibly a placeholder pair's rule-4 candidate.
         self.reanchored: set[str] = set()
@@ -69,6 +72,7 @@ class Unit:
     def put(self, entity: Entity, *, surface_form_only: bool = False) -> None:
         self.index.put(entity)
         self.touched.add(entity.entity_id)
+        self.touched_since_linking.add(entity.entity_id)
         if not surface_form_only:
             self.reanchored.add(entity.entity_id)
 

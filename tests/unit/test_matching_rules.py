@@ -405,6 +405,23 @@ def test_a_new_placeholder_is_linked_as_a_later_candidate_of_another_pair(
     assert pair(first.entity_id, second.entity_id) in links(service)
 
 
+def test_a_batch_links_a_candidate_that_is_best_only_between_two_of_its_mentions(
+        service: IdentityService) -> None:
+    """A batch 'equals resolving the mentions one at a time in that order': a candidate that a
+    mention of the batch makes the pair's best, and the next mention displaces, is linked as it
+    would be between two calls (found by an independent oracle audit)."""
+    load(service, rec("Q1", "Naive Bayes", "tool"), rec("Q2", "Naive Bayes", "method"),
+         rec("Q3", "Naive Bayess", "dataset"))
+    ph = service.resolve("Naive-Bayes", "other").entity_id  # ambiguous: Q1, Q2 at rule 3
+    assert links(service) == {pair(ph, "Q1"), pair(ph, "Q2")}
+    # A typo match gives Q3 the form NAIVE-BAYES: then the pair's only candidate, at rule 2.
+    # The next mention gives Q1 the form Naive-Bayes: from then on rule 1 decides, for Q1.
+    replies = service.resolve_batch("", [("NAIVE-BAYES", "dataset"), ("Naive-Bayes", "tool")])
+    assert [(r.entity_id, r.match_kind) for r in replies] == [  # type: ignore[union-attr]
+        ("Q3", MatchKind.TYPO), ("Q1", MatchKind.PUNCTUATION)]
+    assert links(service) == {pair(ph, "Q1"), pair(ph, "Q2"), pair(ph, "Q3")}
+
+
 def test_placeholder_not_merged_when_one_canonical_has_its_key(service: IdentityService) -> None:
     """Placeholders are never 'merged on import', even where a plain provisional would be."""
     load(service, rec("J1", "John Smith", "person"), rec("J2", "John Smith", "person"))
