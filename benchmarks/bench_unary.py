@@ -16,7 +16,8 @@ handler).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from benchmarks.common import Row, drive, echo_server, fmt_rate, median, percentile
 from benchmarks.data import Stored, mention_mix
@@ -52,17 +53,19 @@ def _summary(per_round: list[float], latencies: list[float], errors: int) -> dic
             "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3}
 
 
-def side_by_side(server: Client, echo: Client, pool: Sequence[Stored], *, calls: int,
-                 rounds: int, time_cap_s: float) -> tuple[dict[str, object], dict[str, object],
-                                                          float]:
-    """Rounds alternating between the server and the echo, each round fresh mentions (the same
-    for both); the ratio is the median of the rounds' ratios, so drift between rounds cancels.
-    Latency percentiles are over all calls of all rounds."""
+Summary = dict[str, object]
+
+
+def _alternating(server: Client, echo: Client, requests_of_round: Callable[[int], Any], *,
+                 rounds: int, time_cap_s: float) -> tuple[Summary, Summary, float]:
+    """Rounds alternating between the server and the echo on the same requests; the ratio is
+    the median of the rounds' ratios, so drift between rounds cancels. Latency percentiles are
+    over all calls of all rounds."""
     rates: dict[str, list[float]] = {"server": [], "echo": []}
     latencies: dict[str, list[float]] = {"server": [], "echo": []}
     errors = {"server": 0, "echo": 0}
     for r in range(rounds):
-        requests = unary_requests(mention_mix(pool, calls, MIX, seed=1000 + r))
+        requests = requests_of_round(r)
         for side, client in (("server", server), ("echo", echo)):
             result = drive(client.resolve, requests, concurrency=CALLERS,
                            time_cap_s=time_cap_s)
@@ -74,38 +77,40 @@ def side_by_side(server: Client, echo: Client, pool: Sequence[Stored], *, calls:
             _summary(rates["echo"], latencies["echo"], errors["echo"]), ratio)
 
 
+def side_by_side(server: Client, echo: Client, pool: Sequence[Stored], *, calls: int,
+                 rounds: int, time_cap_s: float) -> tuple[Summary, Summary, float]:
+    """The goal's mix, fresh mentions each round (the same for both)."""
+    return _alternating(
+        server, echo, lambda r: unary_requests(mention_mix(pool, calls, MIX, seed=1000 + r)),
+        rounds=rounds, time_cap_s=time_cap_s)
+
+
 def settled_side_by_side(server: Client, echo: Client, pool: Sequence[Stored], *, calls: int,
                          rounds: int, time_cap_s: float) -> Row:
-    """Rounds alternating as in `side_by_side`, each on 95% mentions the server has resolved
-    once before the round (untimed), so they read, shuffled with 5% fresh writing mentions."""
-    rates: dict[str, list[float]] = {"server": [], "echo": []}
-    latencies: dict[str, list[float]] = {"server": [], "echo": []}
-    errors = {"server": 0, "echo": 0}
+    """Each round on 95% mentions the server has resolved once before the round (untimed), so
+    they read, shuffled with 5% fresh writing mentions."""
     fresh_count = max(1, round(calls * WRITE_SHARE))
-    for r in range(rounds):
+
+    def requests_of_round(r: int) -> Any:
         seen = mention_mix(pool, calls - fresh_count, MIX, seed=5000 + r)
         drive(server.resolve, unary_requests(seen), concurrency=CALLERS, time_cap_s=time_cap_s)
         mentions = seen + mention_mix(pool, fresh_count, WRITING_MIX, seed=6000 + r)
         random.Random(r).shuffle(mentions)
-        requests = unary_requests(mentions)
-        for side, client in (("server", server), ("echo", echo)):
-            result = drive(client.resolve, requests, concurrency=CALLERS, time_cap_s=time_cap_s)
-            rates[side].append(result.per_second)
-            latencies[side].extend(result.latencies_s)
-            errors[side] += result.errors
-    ratio = median([g / b for g, b in zip(rates["server"], rates["echo"], strict=True)])
-    got = _summary(rates["server"], latencies["server"], errors["server"])
-    base = _summary(rates["echo"], latencies["echo"], errors["echo"])
+        return unary_requests(mentions)
+
+    got, base, ratio = _alternating(server, echo, requests_of_round, rounds=rounds,
+                                    time_cap_s=time_cap_s)
     return Row(
         "2 unary 95/5",
         f"Resolve, {CALLERS} callers, 95% of calls mentions whose forms are recorded (the same "
         f"kinds, resolved once before the round), 5% fresh mentions that write (first-seen "
         f"case, punctuation or typo forms, new names), rounds alternating with the echo; p50/p99",
-        f"{fmt_rate(float(got['calls_per_s']), ' calls/s')} "  # type: ignore[arg-type]
-        f"p50 {got['p50_ms']:.2f} ms p99 {got['p99_ms']:.2f} ms",
-        f"echo {fmt_rate(float(base['calls_per_s']), ' calls/s')} "  # type: ignore[arg-type]
-        f"p50 {base['p50_ms']:.2f} ms p99 {base['p99_ms']:.2f} ms",
-        ratio, "report", None, {"server": got, "echo": base})
+        _figure(got), _figure(base, "echo "), ratio, "report", None, {"server": got, "echo": base})
+
+
+def _figure(s: Summary, prefix: str = "") -> str:
+    return (f"{prefix}{fmt_rate(float(s['calls_per_s']), ' calls/s')} "  # type: ignore[arg-type]
+            f"p50 {s['p50_ms']:.2f} ms p99 {s['p99_ms']:.2f} ms")
 
 
 def handler_cost(echo: Client, pool: Sequence[Stored], *, calls: int, rounds: int,
@@ -149,11 +154,7 @@ def run(server: Client, echo: Client, pool: Sequence[Stored], *, n_entities: int
         "2 unary",
         f"Resolve, {CALLERS} callers, read-mostly mix, {n_entities:,} entities, rounds "
         f"alternating with the echo (ratio: median of the rounds'); p50/p99",
-        f"{fmt_rate(float(got['calls_per_s']), ' calls/s')} "  # type: ignore[arg-type]
-        f"p50 {got['p50_ms']:.2f} ms p99 {got['p99_ms']:.2f} ms",
-        f"echo {fmt_rate(float(base['calls_per_s']), ' calls/s')} "  # type: ignore[arg-type]
-        f"p50 {base['p50_ms']:.2f} ms p99 {base['p99_ms']:.2f} ms",
-        ratio, f">= {GOAL_RATIO}x echo", ratio >= GOAL_RATIO, {"server": got, "echo": base}),
+        _figure(got), _figure(base, "echo "), ratio, f">= {GOAL_RATIO}x echo", ratio >= GOAL_RATIO, {"server": got, "echo": base}),
         settled_side_by_side(server, echo, pool, calls=calls, rounds=rounds,
                              time_cap_s=time_cap_s),
         handler_cost(echo, pool, calls=calls, rounds=rounds, busy_us=busy_us,
