@@ -312,6 +312,7 @@ def check_same_store(client: IdentityClient, sink: GraphSink) -> ChangeEvent | N
     synced, at the same sequence number. Returns that change (None before any sync)."""
     after = sink.last_sequence()
     if after == 0:
+        _check_first_stored_entity(client, sink)
         return None
     found = next(iter(client.list_changes(after - 1, limit=1)), None)
     anchor = sink.feed_anchor()
@@ -330,6 +331,33 @@ def check_same_store(client: IdentityClient, sink: GraphSink) -> ChangeEvent | N
             f"at the store this graph was built with (--identity-db or --server), or write to "
             f"a new graph file")
     return found
+
+
+def _check_first_stored_entity(client: IdentityClient, sink: GraphSink) -> None:
+    """Before any sync (a first run killed before its closing sync): the store must know the
+    first entity the graph saw created, under the spelling that created it (its name, or a
+    surface form of the entity it was merged into)."""
+    rows = sink.query("SELECT entity_id, display_form FROM mentions WHERE created "
+                      "ORDER BY paper_id, content_hash, mention_index LIMIT 1")
+    if not rows:
+        return
+    entity_id, spelling = rows[0]
+    try:
+        entity = client.get_entity(entity_id)
+        if entity.redirect_to:
+            entity = client.get_entity(entity.redirect_to)
+    except IdentityError as e:
+        if e.code != "NOT_FOUND":
+            raise
+        names: tuple[str, ...] = ()
+    else:
+        names = (entity.name, *entity.aliases, *entity.surface_forms)
+    if spelling not in names:
+        raise JobError(
+            f"the identity store behind {client.target} does not know {entity_id} as "
+            f"{spelling!r}, which this graph stored: the graph's ids come from another identity "
+            f"store (a new, empty one?). Point the job at the store this graph was built with "
+            f"(--identity-db or --server), or write to a new graph file")
 
 
 def sync_redirects(client: IdentityClient, sink: GraphSink) -> SyncResult:

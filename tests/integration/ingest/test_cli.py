@@ -273,3 +273,27 @@ def test_an_identity_store_given_as_the_graph_is_named_as_such(
     assert main(["stats", "--db", str(store)]) == 1
     assert "is a SQLite database (an identity store?), not a DuckDB graph" in (
         capsys.readouterr().err)
+
+
+def test_a_graph_never_synced_still_refuses_another_identity_store(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A first run killed before its closing sync leaves no feed position: the store must still
+    know the first entity the graph saw created, under that spelling."""
+    import duckdb
+
+    graph = tmp_path / "graph.duckdb"
+    own = f"sqlite:///{tmp_path / 'a.sqlite'}"
+    assert main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(graph), "--identity-db", own,
+                 "--no-progress"]) == 0
+    with duckdb.connect(str(graph)) as con:  # as if killed before the closing sync
+        con.execute("DELETE FROM sync_state")
+        con.execute("DELETE FROM feed_anchor")
+        mentions = con.execute("SELECT count(*) FROM mentions").fetchone()
+    capsys.readouterr()
+    assert main(["run", str(EXAMPLES / "updates"), "--db", str(graph),
+                 "--identity-db", f"sqlite:///{tmp_path / 'new.sqlite'}", "--no-progress"]) == 1
+    assert "does not know prov_" in capsys.readouterr().err
+    with duckdb.connect(str(graph), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM mentions").fetchone() == mentions
+    assert main(["run", str(EXAMPLES / "updates"), "--db", str(graph), "--identity-db", own,
+                 "--no-progress"]) == 0
