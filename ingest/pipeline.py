@@ -317,19 +317,13 @@ def check_same_store(client: IdentityClient, sink: GraphSink) -> ChangeEvent | N
     found = next(iter(client.list_changes(after - 1, limit=1)), None)
     anchor = sink.feed_anchor()
     if found is None or found.sequence != after:
-        raise JobError(
-            f"the identity store behind {client.target} has no change {after}, but this graph was "
-            f"synced up to it: the graph's ids come from another identity store (a new, empty "
-            f"one?). Point the job at the store this graph was built with (--identity-db or "
-            f"--server), or write to a new graph file")
+        raise _another_store(client, f"has no change {after}, but this graph was synced up to it",
+                             " (a new, empty one?)")
     if anchor is not None and anchor[0] == after and (
             found.entity_id, found.recorded_at) != (anchor[1], anchor[2]):
-        raise JobError(
-            f"the identity store behind {client.target} recorded change {after} as "
-            f"{found.entity_id} at {found.recorded_at}, but this graph synced it as {anchor[1]} "
-            f"at {anchor[2]}: the graph's ids come from another identity store. Point the job "
-            f"at the store this graph was built with (--identity-db or --server), or write to "
-            f"a new graph file")
+        raise _another_store(client, f"recorded change {after} as {found.entity_id} at "
+                                     f"{found.recorded_at}, but this graph synced it as "
+                                     f"{anchor[1]} at {anchor[2]}")
     return found
 
 
@@ -353,18 +347,22 @@ def _check_first_stored_entity(client: IdentityClient, sink: GraphSink) -> None:
     else:
         names = (entity.name, *entity.aliases, *entity.surface_forms)
     if spelling not in names:
-        raise JobError(
-            f"the identity store behind {client.target} does not know {entity_id} as "
-            f"{spelling!r}, which this graph stored: the graph's ids come from another identity "
-            f"store (a new, empty one?). Point the job at the store this graph was built with "
-            f"(--identity-db or --server), or write to a new graph file")
+        raise _another_store(client, f"does not know {entity_id} as {spelling!r}, which this "
+                                     f"graph stored", " (a new, empty one?)")
+
+
+def _another_store(client: IdentityClient, found: str, guess: str = "") -> JobError:
+    return JobError(
+        f"the identity store behind {client.target} {found}: the graph's ids come from another "
+        f"identity store{guess}. Point the job at the store this graph was built with "
+        f"(--identity-db or --server), or write to a new graph file")
 
 
 def sync_redirects(client: IdentityClient, sink: GraphSink) -> SyncResult:
     """Pulls the change feed after the stored position: merges become redirects (chains
     resolved); the open possibly_same_as links are refreshed for ``stats``."""
     anchor = check_same_store(client, sink)
-    after = sink.last_sequence()
+    after = anchor.sequence if anchor is not None else 0  # the graph's stored position
     merges: list[ChangeEvent] = []
     count, last = 0, after
     for change in client.list_changes(after):
