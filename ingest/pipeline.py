@@ -81,6 +81,7 @@ class Summary:
     unchanged: int = 0
     rejected_lines: int = 0
     rejected_items: int = 0
+    lines_rejected_before: int = 0
     new_entities: int = 0
     matched_entities: int = 0
     relationships: int = 0
@@ -97,6 +98,7 @@ class Summary:
         self.unchanged += outcome.unchanged
         self.rejected_lines += outcome.rejected_lines
         self.rejected_items += outcome.rejected_items
+        self.lines_rejected_before += outcome.lines_rejected_before
         self.new_entities += outcome.new_entities
         self.matched_entities += outcome.matched_entities
         self.relationships += outcome.relationships
@@ -106,7 +108,10 @@ class Summary:
             f"papers ingested:   {self.ingested} ({self.changed} changed revisions)",
             f"papers unchanged:  {self.unchanged}",
             f"rejected:          {self.rejected_items} items, {self.rejected_lines} lines"
-            + (" (see table rejects)" if self.rejected_items or self.rejected_lines else ""),
+            + (f"; {self.lines_rejected_before} lines rejected as in an earlier run"
+               if self.lines_rejected_before else "")
+            + (" (see table rejects)" if self.rejected_items or self.rejected_lines
+               or self.lines_rejected_before else ""),
             (f"entities:          {self.new_entities} new; {self.matched_entities} mentions "
              "matched existing ones"),
             f"relationships:     {self.relationships}",

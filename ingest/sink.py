@@ -229,6 +229,7 @@ class WriteOutcome:
     unchanged: int = 0
     rejected_items: int = 0
     rejected_lines: int = 0
+    lines_rejected_before: int = 0  # bad the same way in an earlier run: their rows are there
     new_entities: int = 0
     matched_entities: int = 0
     relationships: int = 0
@@ -407,9 +408,9 @@ class GraphSink:
             pending_current: dict[str, _Pending] = {}
             close_db = _Rows(CLOSE_SCHEMA)
             rejects = _Rows(REJECTS_SCHEMA)
+            line_rejects: list[str] = []
             for item in items:
                 if isinstance(item, LineReject):
-                    outcome.rejected_lines += 1
                     # Each rejected line is its own row (a paper sent twice, bad the same way,
                     # is two lines to fix), and the same row again on a rerun.
                     rid = (_reject_id("paper-line", item.paper_id, item.content_hash, item.reason,
@@ -419,6 +420,7 @@ class GraphSink:
                                            item.reason))
                     rejects.add(rid, item.paper_id, None, item.content_hash, item.position, "",
                                 item.reason, item.raw, now)
+                    line_rejects.append(rid)
                     continue
                 paper = item.paper
                 pid = paper.paper_id
@@ -450,6 +452,8 @@ class GraphSink:
                 outcome.ingested += 1
                 self._add_rejects(rejects, paper, paper.rejects, now)
                 outcome.rejected_items += len(paper.rejects)
+            outcome.lines_rejected_before = self._stored_rejects(line_rejects)
+            outcome.rejected_lines = len(line_rejects) - outcome.lines_rejected_before
             if close_db:
                 self._close(close_db, now)
             if pending:
@@ -606,6 +610,16 @@ class GraphSink:
                 "AND rejects.paper_id = s.paper_id AND rejects.content_hash = s.content_hash")
         finally:
             self._con.unregister("_stored_now")
+
+    def _stored_rejects(self, reject_ids: Sequence[str]) -> int:
+        """How many of these rejected lines an earlier run already recorded (a rerun counts
+        them apart, as it counts unchanged papers apart from ingested ones)."""
+        if not reject_ids:
+            return 0
+        rows = self._con.execute(
+            "SELECT count(*) FROM rejects WHERE reject_id IN (SELECT unnest(?::VARCHAR[]))",
+            [list(reject_ids)]).fetchall()
+        return int(rows[0][0])
 
     def _insert_rejects(self, table: pa.Table) -> None:
         self._con.register("_new", table)

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import re
+import signal
 import threading
 import time
 import unicodedata
@@ -361,18 +362,28 @@ def serve_stub(*, port: int = 0, max_workers: int = 8,
     return StubServer(server, bound, servicer)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """``python -m ingest.testing [PORT]``: serve the stub until interrupted (for benchmarks)."""
+    import argparse
     import sys
 
-    stub = serve_stub(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    parser = argparse.ArgumentParser(
+        prog="python -m ingest.testing",
+        description="Serve the stub identity server on 127.0.0.1 until interrupted; "
+                    "prints its address.")
+    parser.add_argument("port", nargs="?", type=int, default=0,
+                        help="port to listen on (default 0: a free one)")
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"port must be 0-65535, got {args.port}")
+    stub = serve_stub(port=args.port)
     sys.stdout.write(f"{stub.address}\n")
     sys.stdout.flush()
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        stub.stop()
+    stopping = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stopping.set())
+    stopping.wait()
+    stub.stop()
 
 
 if __name__ == "__main__":

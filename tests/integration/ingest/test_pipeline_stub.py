@@ -82,6 +82,10 @@ def test_batch_ingested_twice_has_identical_tables(
     assert (first.ingested, first.unchanged, first.rejected_lines, first.rejected_items) == (
         61, 0, 2, 1 + same_entity)
     assert (second.ingested, second.unchanged) == (0, 61)
+    # The rerun counts the bad lines apart, as it counts the unchanged papers apart.
+    assert (second.rejected_lines, second.lines_rejected_before, second.rejected_items) == (
+        0, 2, 0)
+    assert "0 lines; 2 lines rejected as in an earlier run" in "\n".join(second.lines())
     assert len(before["papers"]) == 61 and len(before["rejects"]) == 3 + same_entity
     assert len(before["relationships"]) == 60 * 5 - same_entity
 
