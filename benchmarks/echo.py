@@ -1,7 +1,8 @@
 """The echo baseline: IdentityService's Resolve and ResolveBatch answering a canned reply.
 
-Same proto, same grpcio options (identity_server.server.GRPC_OPTIONS) and the same handler thread
-pool size (Settings().max_workers) as the identity server, and a reply of the same shape and size
+Same proto, same gRPC server (grpc.aio, handlers on the event loop), same grpcio options
+(identity_server.server.GRPC_OPTIONS) and the same handler thread pool size
+(Settings().max_workers) as the identity server, and a reply of the same shape and size
 as a real one (an entity id, status, kind, two candidates, the names, the type and the mention's
 display form), but no matching and no store: it measures the ceiling of the gRPC stack itself.
 
@@ -13,10 +14,11 @@ Run as its own process like the real server: `python -m benchmarks.echo --port 0
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
-import threading
 import time
 from concurrent import futures
+from typing import Any
 
 import grpc
 from identity_api.v1 import identity_service_pb2 as pb
@@ -42,27 +44,32 @@ def canned(mention: str, entity_type: str) -> pb.ResolveResponse:
 
 
 class EchoServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
-    def Resolve(self, request: pb.ResolveRequest,
-                context: grpc.ServicerContext) -> pb.ResolveResponse:
+    """Answers on the event loop, as the server's Resolve answers a mention its index knows."""
+
+    async def Resolve(self, request: pb.ResolveRequest,
+                      context: grpc.aio.ServicerContext[Any, Any]) -> pb.ResolveResponse:
         return canned(request.mention, request.entity_type)
 
-    def ResolveBatch(self, request: pb.ResolveBatchRequest,
-                     context: grpc.ServicerContext) -> pb.ResolveBatchResponse:
+    async def ResolveBatch(self, request: pb.ResolveBatchRequest,
+                           context: grpc.aio.ServicerContext[Any, Any]) -> pb.ResolveBatchResponse:
         out = pb.ResolveBatchResponse()
         for m in request.mentions:
             out.results.add().resolved.CopyFrom(canned(m.mention, m.entity_type))
         return out
 
 
-def start_echo(port: int = 0) -> tuple[grpc.Server, int]:
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=Settings().max_workers, thread_name_prefix="rpc"),
-        options=GRPC_OPTIONS,
-    )
+async def serve(port: int, stop: asyncio.Event) -> None:
+    """The echo on gRPC's asyncio server, with the server's options and handler pool size."""
+    handlers = futures.ThreadPoolExecutor(max_workers=Settings().max_workers,
+                                          thread_name_prefix="rpc")
+    server = grpc.aio.server(migration_thread_pool=handlers, options=GRPC_OPTIONS)
     pb_grpc.add_IdentityServiceServicer_to_server(EchoServicer(), server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    return server, bound
+    await server.start()
+    print(f"listening on 127.0.0.1:{bound}", flush=True)
+    await stop.wait()
+    await server.stop(1.0)
+    handlers.shutdown()
 
 
 def main() -> None:
@@ -74,13 +81,15 @@ def main() -> None:
     args = parser.parse_args()
     global _BUSY_S
     _BUSY_S = args.busy_us / 1e6
-    server, port = start_echo(args.port)
-    print(f"listening on 127.0.0.1:{port}", flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
-    server.stop(1.0).wait()
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(args.port, stop)
+
+    asyncio.run(run())
 
 
 if __name__ == "__main__":

@@ -6,12 +6,14 @@ keeps memory each time: any client could grow the server without bound. Here a r
 does not decode becomes a marker that the handler turns into INVALID_ARGUMENT naming what was
 wrong; everything else is what the generated `add_..._to_server` functions register. Used for
 every service the server runs: IdentityService, health and reflection (the last two answer
-anyone).
+anyone). IdentityService's handlers are coroutines the event loop runs; health's and
+reflection's are plain functions the server runs on its handler threads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -53,6 +55,8 @@ def _complaint(method: str, message: type[Message], bad: Undecodable) -> str:
 
 def _guarded(method: str, message: type[Message], behaviour: Callable[..., Any],
              client_streaming: bool) -> Callable[..., Any]:
+    if inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour):
+        return _guarded_async(method, message, behaviour, client_streaming)
     if client_streaming:
         def streaming(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
             def checked() -> Iterator[Any]:
@@ -72,12 +76,43 @@ def _guarded(method: str, message: type[Message], behaviour: Callable[..., Any],
     return unary
 
 
-def add_identity_service(servicer: object, server: grpc.Server) -> None:
+def _guarded_async(method: str, message: type[Message], behaviour: Callable[..., Any],
+                   client_streaming: bool) -> Callable[..., Any]:
+    """`_guarded` for handlers the event loop runs itself (coroutines and async generators)."""
+    if client_streaming:
+        async def streaming(requests: AsyncIterator[Any], context: Any) -> Any:
+            async def checked() -> AsyncIterator[Any]:
+                async for request in requests:
+                    if isinstance(request, Undecodable):
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                            _complaint(method, message, request))
+                    yield request
+            return await behaviour(checked(), context)
+        return streaming
+
+    if inspect.isasyncgenfunction(behaviour):
+        async def unary_to_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            if isinstance(request, Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    _complaint(method, message, request))
+            async for response in behaviour(request, context):
+                yield response
+        return unary_to_stream
+
+    async def unary(request: Any, context: Any) -> Any:
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                _complaint(method, message, request))
+        return await behaviour(request, context)
+    return unary
+
+
+def add_identity_service(servicer: object, server: grpc.Server | grpc.aio.Server) -> None:
     """Register servicer's IdentityService methods on server (as the generated code does)."""
     add_service(servicer, server, SERVICE, pb)
 
 
-def add_service(servicer: object, server: grpc.Server, service: Any, messages: Any) -> None:
+def add_service(servicer: object, server: grpc.Server | grpc.aio.Server, service: Any, messages: Any) -> None:
     """Register servicer's methods of `service` (a ServiceDescriptor whose messages are in the
     generated module `messages`) on server."""
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import threading
+from collections.abc import Coroutine
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2
@@ -23,6 +26,7 @@ from identity_server.settings import Settings
 from identity_server.store.sql import SqlStore
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SERVICE_NAME = SERVICE.full_name
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a full batch of 5,000 mentions of 512 code points fits
@@ -48,23 +52,50 @@ def build_service(settings: Settings) -> IdentityService:
     return IdentityService(store, config)
 
 
+class _EventLoopThread:
+    """An asyncio event loop on its own thread: the gRPC server's (the caller's thread, the
+    embedded server's job or a test, stays free)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-loop",
+                                        daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run coroutine on the loop and wait for its result here."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
 @dataclass
 class RunningServer:
     """A started server; `stop` flips health to NOT_SERVING, then drains calls for `grace`."""
 
-    server: grpc.Server
+    server: grpc.aio.Server
     port: int
     health: health.HealthServicer
     service: IdentityService
+    _loop: _EventLoopThread
+    _handlers: futures.ThreadPoolExecutor
 
     def stop(self, grace: float | None = 5.0) -> None:
+        """Idempotent: a second call returns at once."""
+        if self._loop.loop.is_closed():
+            return
         self.health.enter_graceful_shutdown()
-        self.server.stop(grace).wait()
+        self._loop.run(self.server.stop(grace))
+        self._loop.close()
+        self._handlers.shutdown(wait=True)
         self.service.close()
         logger.info("server on port %d stopped", self.port)
 
     def wait(self) -> None:
-        self.server.wait_for_termination()
+        self._loop.run(self.server.wait_for_termination())
 
 
 def _tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:
@@ -95,12 +126,24 @@ def start_server(settings: Settings, *, service: IdentityService | None = None) 
 
 def _start(settings: Settings, service: IdentityService,
            credentials: grpc.ServerCredentials | None) -> RunningServer:
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="rpc"),
-        options=GRPC_OPTIONS,
-    )
+    loop = _EventLoopThread()
+    handlers = futures.ThreadPoolExecutor(max_workers=settings.max_workers,
+                                          thread_name_prefix="rpc")
+    try:
+        return loop.run(_serve(settings, service, credentials, loop, handlers))
+    except BaseException:
+        loop.close()
+        handlers.shutdown(wait=False)
+        raise
+
+
+async def _serve(settings: Settings, service: IdentityService,
+                 credentials: grpc.ServerCredentials | None, loop: _EventLoopThread,
+                 handlers: futures.ThreadPoolExecutor) -> RunningServer:
+    """Build and start the server on the loop's thread (aio objects belong to their loop)."""
+    server = grpc.aio.server(migration_thread_pool=handlers, options=GRPC_OPTIONS)
     add_identity_service(
-        IdentityServicer(service, admin_token=settings.admin_token,
+        IdentityServicer(service, admin_token=settings.admin_token, blocking=handlers,
                          max_followers=max(1, settings.max_workers // 4)),
         server
     )
@@ -120,12 +163,12 @@ def _start(settings: Settings, service: IdentityService,
     if port == 0:
         raise StartupError(f"cannot listen on {address}: the port is in use, or the address "
                            f"is not one of this machine's")
-    server.start()
+    await server.start()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     logger.info("identity server listening on %s:%d (store %s)", settings.host, port,
                 service.store.url.split("@")[-1])
-    return RunningServer(server, port, health_servicer, service)
+    return RunningServer(server, port, health_servicer, service, loop, handlers)
 
 
 def _host(host: str) -> str:

@@ -130,6 +130,18 @@ class _Prior:
     generation: int
 
 
+@dataclass(frozen=True, slots=True)
+class DeferredResolve:
+    """What is left of a Resolve that `begin_resolve` could not answer at once: a lookup-only
+    one that needs the lock, or one that may write. `prior` is the lock-free look's decision,
+    when it ran (a write reuses it while the index is unchanged)."""
+
+    mention: Mention
+    context_id: str
+    prior: _Prior | None = None
+    lookup_only: bool = False
+
+
 @dataclass(slots=True)
 class _Pending:
     """One Resolve waiting for a shared transaction, and what became of it. `done` is set when
@@ -356,6 +368,15 @@ class IdentityService:
         index version did not move meanwhile (a torn read, or one that failed because the index
         changed under it, is retried). Otherwise, or then, under the lock.
         """
+        result = self._answer_at_once(work)
+        if result is not None:
+            return result
+        with self._lock:
+            self._settle()
+            return work()
+
+    def _answer_at_once(self, work: Callable[[], T]) -> T | None:
+        """`_answer`'s optimistic path alone: work's result, or None when it needs the lock."""
         version = self._index_version
         if not version & 1 and self._settled():
             try:
@@ -366,9 +387,7 @@ class IdentityService:
             else:
                 if self._index_version == version:
                     return result
-        with self._lock:
-            self._settle()
-            return work()
+        return None
 
     # -- checking input --------------------------------------------------------------------------
 
@@ -402,17 +421,46 @@ class IdentityService:
 
     def resolve(self, mention: str, entity_type: str, *, context_id: str = "",
                 lookup_only: bool = False) -> ResolveResult:
+        answer = self.begin_resolve(mention, entity_type, context_id=context_id,
+                                    lookup_only=lookup_only)
+        return answer if isinstance(answer, ResolveResult) else self.finish_resolve(answer)
+
+    def begin_resolve(self, mention: str, entity_type: str, *, context_id: str = "",
+                      lookup_only: bool = False) -> ResolveResult | DeferredResolve:
+        """`resolve` as far as it goes without waiting: the result when the index answers at
+        once (nothing to write, no lock, no catch-up), else what is left, for `finish_resolve`
+        (or, when it writes, `resolve_deferred`). An invalid mention raises here. The server's
+        event loop answers most repeat mentions this way and hands the rest to a thread."""
         _checked_id(context_id, "context id")
         m = self.parse_mention(mention, entity_type)
         if lookup_only:
-            return self._answer(lambda: self._look(m))
-        prior = None
-        if not context_id:
-            # Most repeat mentions change nothing: answer them without taking the write lock.
-            unchanged, prior = self._answer(lambda: self._converged_without_writes(m))
+            looked = self._answer_at_once(lambda: self._look(m))
+            return looked if looked is not None else DeferredResolve(m, "", lookup_only=True)
+        if context_id:  # evidence is recorded: always a write
+            return DeferredResolve(m, context_id)
+        # Most repeat mentions change nothing: answer them without taking the write lock.
+        looked_now = self._answer_at_once(lambda: self._converged_without_writes(m))
+        if looked_now is None:
+            return DeferredResolve(m, "")
+        unchanged, prior = looked_now
+        return unchanged if unchanged is not None else DeferredResolve(m, "", prior=prior)
+
+    def finish_resolve(self, d: DeferredResolve) -> ResolveResult:
+        """The rest of a Resolve `begin_resolve` deferred; it may wait on the lock."""
+        if d.lookup_only:
+            return self._answer(lambda: self._look(d.mention))
+        prior = d.prior
+        if prior is None and not d.context_id:
+            unchanged, prior = self._answer(lambda: self._converged_without_writes(d.mention))
             if unchanged is not None:
                 return unchanged
-        return self._resolve_together(m, context_id, prior)
+        return self._resolve_together(d.mention, d.context_id, prior)
+
+    def resolve_deferred(self, group: Sequence[DeferredResolve]) -> list[ResolveResult]:
+        """Writing Resolves (none lookup-only) in one transaction, in order, as if called one
+        at a time: group commit for a caller that gathers them itself (the server's loop)."""
+        return self._write(lambda u: [self._resolve_linking(u, d.mention, d.context_id, d.prior)
+                                      for d in group])
 
     def resolve_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
                       lookup_only: bool = False) -> list[ResolveResult | ItemError]:

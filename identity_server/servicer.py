@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import functools
 import hmac
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
 from identity_api.v1 import identity_service_pb2 as pb
-from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
 from identity_server.domain import MatchKind, Status
 from identity_server.errors import (
@@ -25,10 +25,19 @@ from identity_server.errors import (
     StoreUnavailable,
     Unauthenticated,
 )
-from identity_server.service import EntityView, IdentityService, ItemError, ResolveResult
+from identity_server.service import (
+    DeferredResolve,
+    EntityView,
+    IdentityService,
+    ItemError,
+    ResolveResult,
+)
 
 logger = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+M = TypeVar("M")
+Context = grpc.aio.ServicerContext[Any, Any]
 
 STATUS_CODES: dict[type[IdentityError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -54,6 +63,8 @@ _CHANGE_KIND = {
 _DECISION = {pb.SAME: "same", pb.DISTINCT: "distinct"}
 _FORMAT = {pb.AUTHORITY_FORMAT_JSONL: "jsonl", pb.AUTHORITY_FORMAT_CSV: "csv"}
 _FOLLOW_POLL_S = 0.2
+_INTERNAL = "internal error; the server log has the details"
+_STREAM_POLL_S = 1.0  # how often a thread waiting on a request stream checks the loop still runs
 
 
 def _rpc(*, admin: bool = False) -> Callable[[F], F]:
@@ -65,36 +76,32 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
         name = method.__name__
 
         @functools.wraps(method)
-        def handler(self: IdentityServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        async def handler(self: IdentityServicer, request: Any, context: Context) -> Any:
             start = time.perf_counter()
-            code = grpc.StatusCode.OK
+            code, details = grpc.StatusCode.OK, ""
             try:
                 if admin:
                     self._check_admin(context)
-                return method(self, request, context)
+                return await method(self, request, context)
             except IdentityError as e:
-                code = STATUS_CODES.get(type(e), grpc.StatusCode.INTERNAL)
-                context.abort(code, str(e))
+                code, details = STATUS_CODES.get(type(e), grpc.StatusCode.INTERNAL), str(e)
+            except asyncio.CancelledError:  # the client went away (cancelled, deadline): no fault
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except grpc.aio.AbortError:  # aborted already (a request that did not decode)
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
             except Exception:
-                # Aborted already (a request stream that did not decode): that status stands.
-                # (ServicerContext.code() is in grpcio since 1.38; the type stubs lack it.)
-                aborted = context.code()  # type: ignore[attr-defined]
-                if aborted is not None:
-                    code = aborted  # for the access log line
-                    raise
-                if not context.is_active():  # the client went away (cancelled, deadline): no fault
-                    code = grpc.StatusCode.CANCELLED
-                    context.abort(code, "the client cancelled the call")
-                code = grpc.StatusCode.INTERNAL
+                code, details = grpc.StatusCode.INTERNAL, _INTERNAL
                 logger.exception("%s failed", name)
-                context.abort(code, "internal error; the server log has the details")
-            finally:
+            finally:  # logged before the status is sent
                 level = logging.INFO if admin or code is not grpc.StatusCode.OK else logging.DEBUG
                 if logger.isEnabledFor(level):
                     logger.log(
                         level, "rpc method=%s count=%d duration_ms=%.2f code=%s",
                         name, _count(request), (time.perf_counter() - start) * 1e3, code.name,
                     )
+            await context.abort(code, details)
 
         return handler  # type: ignore[return-value]
 
@@ -106,23 +113,34 @@ def _count(request: Any) -> int:
     return len(mentions) if mentions is not None else 1
 
 
-class IdentityServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
+class IdentityServicer:
+    """IdentityService on gRPC's asyncio server. Handlers run on the event loop; whatever may
+    wait (the store, the write lock, a catch-up) runs on the `blocking` thread pool, so the loop
+    never waits and a Resolve the index answers at once costs no thread switch."""
+
     def __init__(self, service: IdentityService, *, admin_token: str | None,
-                 max_followers: int = 4) -> None:
+                 blocking: futures.Executor, max_followers: int = 4) -> None:
         self.service = service
         self.admin_token = admin_token
-        # A following ListChanges stream holds a handler thread for its whole life: capped, so
-        # followers (or clients that stop reading) can never take every thread from other calls.
+        self._blocking = blocking
+        self._writes = _GroupWriter(service, blocking)
+        # Following ListChanges streams each poll the store: capped, so followers (or clients
+        # that stop reading) can never crowd out other calls.
         self.max_followers = max_followers
-        self._followers = threading.BoundedSemaphore(max_followers)
+        self._followers = 0
 
-    def _check_admin(self, context: grpc.ServicerContext) -> None:
+    async def _off_loop(self, work: Callable[..., T], *args: Any) -> T:
+        """work(*args) on the blocking pool (it may wait on locks or the store)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._blocking, functools.partial(work, *args))
+
+    def _check_admin(self, context: Context) -> None:
         if not self.admin_token:
             raise Unauthenticated(
                 "admin RPCs are disabled: start the server with --admin-token "
                 "(or IDENTITY_ADMIN_TOKEN)"
             )
-        given = dict(context.invocation_metadata()).get("authorization", "")
+        given = dict(context.invocation_metadata() or ()).get("authorization", "")
         presented = given.encode() if isinstance(given, str) else given
         if not presented:
             raise Unauthenticated("admin RPC needs metadata 'authorization: Bearer <admin token>'")
@@ -131,16 +149,23 @@ class IdentityServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
                                   "followed by this server's admin token")
 
     @_rpc()
-    def Resolve(self, request: pb.ResolveRequest, context: grpc.ServicerContext) -> pb.ResolveResponse:
-        result = self.service.resolve(
+    async def Resolve(self, request: pb.ResolveRequest, context: Context) -> pb.ResolveResponse:
+        answer = self.service.begin_resolve(
             request.mention, request.entity_type, context_id=request.context_id,
             lookup_only=request.lookup_only,
         )
-        return resolve_response(result)
+        if isinstance(answer, ResolveResult):
+            return resolve_response(answer)
+        if answer.lookup_only:
+            return resolve_response(await self._off_loop(self.service.finish_resolve, answer))
+        return resolve_response(await self._writes.resolve(answer))
 
     @_rpc()
-    def ResolveBatch(self, request: pb.ResolveBatchRequest,
-                     context: grpc.ServicerContext) -> pb.ResolveBatchResponse:
+    async def ResolveBatch(self, request: pb.ResolveBatchRequest,
+                           context: Context) -> pb.ResolveBatchResponse:
+        return await self._off_loop(self._resolve_batch, request)
+
+    def _resolve_batch(self, request: pb.ResolveBatchRequest) -> pb.ResolveBatchResponse:
         reply = self.service.resolve_batch_reply(
             request.context_id,
             [(m.mention, m.entity_type) for m in request.mentions],
@@ -157,34 +182,34 @@ class IdentityServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
         return out
 
     @_rpc()
-    def GetEntity(self, request: pb.GetEntityRequest,
-                  context: grpc.ServicerContext) -> pb.GetEntityResponse:
-        return pb.GetEntityResponse(entity=entity_message(self.service.get_entity(request.entity_id)))
+    async def GetEntity(self, request: pb.GetEntityRequest,
+                        context: Context) -> pb.GetEntityResponse:
+        view = await self._off_loop(self.service.get_entity, request.entity_id)
+        return pb.GetEntityResponse(entity=entity_message(view))
 
     @_rpc(admin=True)
-    def AddAlias(self, request: pb.AddAliasRequest,
-                 context: grpc.ServicerContext) -> pb.AddAliasResponse:
-        view = self.service.add_alias(request.entity_id, request.alias)
+    async def AddAlias(self, request: pb.AddAliasRequest, context: Context) -> pb.AddAliasResponse:
+        view = await self._off_loop(self.service.add_alias, request.entity_id, request.alias)
         return pb.AddAliasResponse(entity=entity_message(view))
 
     @_rpc(admin=True)
-    def Promote(self, request: pb.PromoteRequest,
-                context: grpc.ServicerContext) -> pb.PromoteResponse:
-        return pb.PromoteResponse(entity=entity_message(self.service.promote(request.entity_id)))
+    async def Promote(self, request: pb.PromoteRequest, context: Context) -> pb.PromoteResponse:
+        view = await self._off_loop(self.service.promote, request.entity_id)
+        return pb.PromoteResponse(entity=entity_message(view))
 
     @_rpc(admin=True)
-    def Merge(self, request: pb.MergeRequest, context: grpc.ServicerContext) -> pb.MergeResponse:
-        view = self.service.merge(request.source_id, request.target_id)
+    async def Merge(self, request: pb.MergeRequest, context: Context) -> pb.MergeResponse:
+        view = await self._off_loop(self.service.merge, request.source_id, request.target_id)
         return pb.MergeResponse(entity=entity_message(view))
 
     @_rpc()
-    def ListPossiblySameAs(self, request: pb.ListPossiblySameAsRequest,
-                           context: grpc.ServicerContext) -> pb.ListPossiblySameAsResponse:
+    async def ListPossiblySameAs(self, request: pb.ListPossiblySameAsRequest,
+                                 context: Context) -> pb.ListPossiblySameAsResponse:
         if request.page_size < 0:
             raise InvalidArgument("page_size must not be negative")
-        rows, token = self.service.list_links(
-            entity_id=request.entity_id, page_size=request.page_size, page_token=request.page_token
-        )
+        rows, token = await self._off_loop(functools.partial(
+            self.service.list_links, entity_id=request.entity_id, page_size=request.page_size,
+            page_token=request.page_token))
         return pb.ListPossiblySameAsResponse(
             links=[pb.PossiblySameAsLink(entity_id=r.a, other_id=r.b, sequence=r.created_seq)
                    for r in rows],
@@ -192,56 +217,61 @@ class IdentityServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
         )
 
     @_rpc(admin=True)
-    def SettlePossiblySameAs(self, request: pb.SettlePossiblySameAsRequest,
-                             context: grpc.ServicerContext) -> pb.SettlePossiblySameAsResponse:
+    async def SettlePossiblySameAs(self, request: pb.SettlePossiblySameAsRequest,
+                                   context: Context) -> pb.SettlePossiblySameAsResponse:
         decision = _DECISION.get(request.decision)
         if decision is None:
             raise InvalidArgument("decision must be SAME or DISTINCT")
-        view = self.service.settle(request.entity_id, request.other_id, decision,
-                                   actor=request.actor, reason=request.reason)
+        view = await self._off_loop(functools.partial(
+            self.service.settle, request.entity_id, request.other_id, decision,
+            actor=request.actor, reason=request.reason))
         return pb.SettlePossiblySameAsResponse(entity=entity_message(view))
 
     @_rpc(admin=True)
-    def ImportAuthority(self, request_iterator: Iterator[pb.ImportAuthorityRequest],
-                        context: grpc.ServicerContext) -> pb.ImportAuthorityResponse:
-        first = next(request_iterator, None)
+    async def ImportAuthority(self, request_iterator: AsyncIterator[pb.ImportAuthorityRequest],
+                              context: Context) -> pb.ImportAuthorityResponse:
+        first = await anext(request_iterator, None)
         if first is None:
             return pb.ImportAuthorityResponse()
         fmt = _FORMAT.get(first.format)
-        report = self.service.import_lines(_lines(first, request_iterator), fmt)
+        rest = _blocking_iterator(request_iterator, asyncio.get_running_loop())
+        report = await self._off_loop(self.service.import_lines, _lines(first, rest), fmt)
         return pb.ImportAuthorityResponse(
             imported=report.imported, created=report.created, updated=report.updated,
             merged=report.merged, linked=report.linked,
             errors=[pb.ImportError(line=e.line, message=e.message) for e in report.errors],
         )
 
-    def ListChanges(self, request: pb.ListChangesRequest,
-                    context: grpc.ServicerContext) -> Iterator[pb.ListChangesResponse]:
+    async def ListChanges(self, request: pb.ListChangesRequest,
+                          context: Context) -> AsyncIterator[pb.ListChangesResponse]:
         if request.after_sequence < 0 or request.limit < 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "after_sequence and limit must not be negative")
-        if request.follow and not self._followers.acquire(blocking=False):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"this server already has {self.max_followers} following ListChanges "
-                          "streams (each holds a handler thread); read without follow and poll, "
-                          "or retry later")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "after_sequence and limit must not be negative")
+        if request.follow:
+            if self._followers >= self.max_followers:  # the loop's thread only: no lock needed
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"this server already has {self.max_followers} following ListChanges "
+                    "streams; read without follow and poll, or retry later")
+            self._followers += 1
         try:
-            yield from self._changes(request, context)
+            async for change in self._changes(request, context):
+                yield change
         finally:
             if request.follow:
-                self._followers.release()
+                self._followers -= 1
 
-    def _changes(self, request: pb.ListChangesRequest,
-                 context: grpc.ServicerContext) -> Iterator[pb.ListChangesResponse]:
+    async def _changes(self, request: pb.ListChangesRequest,
+                       context: Context) -> AsyncIterator[pb.ListChangesResponse]:
         after, sent = request.after_sequence, 0
         limit = request.limit or None
         logger.info("rpc method=ListChanges after=%d follow=%s", after, request.follow)
-        while context.is_active():
+        while not context.done():
             want = min(500, limit - sent) if limit else 500
             try:
-                batch = self.service.list_changes(after, want)
+                batch = await self._off_loop(self.service.list_changes, after, want)
             except StoreUnavailable as e:
-                context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
             for c in batch:
                 yield pb.ListChangesResponse(change=pb.Change(
                     sequence=c.seq, kind=_CHANGE_KIND.get(c.kind, pb.CHANGE_KIND_UNSPECIFIED),
@@ -254,7 +284,73 @@ class IdentityServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
             if len(batch) < want:
                 if not request.follow:
                     return
-                time.sleep(_FOLLOW_POLL_S)
+                await asyncio.sleep(_FOLLOW_POLL_S)
+
+
+class _GroupWriter:
+    """Resolves that may write, gathered on the event loop and written in groups, one group at
+    a time on a blocking-pool thread: each group is one transaction, and calls arriving while
+    it is written form the next. Each call takes effect between its start and its reply, so
+    the outcome is that of some one-at-a-time order; one thread writes instead of every caller
+    queueing a thread on the write lock."""
+
+    def __init__(self, service: IdentityService, blocking: futures.Executor) -> None:
+        self._service = service
+        self._blocking = blocking
+        self._queued: list[tuple[DeferredResolve, asyncio.Future[ResolveResult]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def resolve(self, deferred: DeferredResolve) -> ResolveResult:
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[ResolveResult] = loop.create_future()
+        self._queued.append((deferred, reply))
+        if self._writer is None:
+            self._writer = loop.create_task(self._write_queued())
+        return await reply
+
+    async def _write_queued(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queued:
+                group, self._queued = self._queued, []
+                try:
+                    results = await loop.run_in_executor(
+                        self._blocking, self._service.resolve_deferred, [d for d, _ in group])
+                except Exception as e:  # noqa: BLE001 - the group failed: so does each of its calls
+                    for _, reply in group:
+                        if not reply.done():
+                            reply.set_exception(e)
+                else:
+                    for (_, reply), result in zip(group, results, strict=True):
+                        if not reply.done():  # a caller that went away gets nothing
+                            reply.set_result(result)
+        finally:
+            self._writer = None
+
+
+def _blocking_iterator(messages: AsyncIterator[M], loop: asyncio.AbstractEventLoop) -> Iterator[M]:
+    """The rest of a request stream, read from a blocking-pool thread a message at a time on
+    the loop that owns the call."""
+
+    async def next_message() -> tuple[bool, M | None]:
+        try:
+            return True, await anext(messages)
+        except StopAsyncIteration:
+            return False, None
+
+    while True:
+        pending = asyncio.run_coroutine_threadsafe(next_message(), loop)
+        while True:
+            try:
+                more, message = pending.result(timeout=_STREAM_POLL_S)
+                break
+            except futures.TimeoutError:
+                if not loop.is_running():  # the server stopped: nothing will read the stream
+                    pending.cancel()
+                    raise StoreUnavailable("the server is shutting down") from None
+        if not more:
+            return
+        yield message  # type: ignore[misc]
 
 
 def _lines(first: pb.ImportAuthorityRequest,

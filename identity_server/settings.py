@@ -54,7 +54,7 @@ class Settings(BaseSettings):
     )
     tls_cert: str | None = Field(default=None, description="PEM certificate file: enables TLS.")
     tls_key: str | None = Field(default=None, description="PEM private key file for TLS.")
-    max_workers: int = Field(default=16, ge=1, description="gRPC handler threads.")
+    max_workers: int = Field(default=16, ge=1, description="Threads for calls that may wait on the store.")
     grace_seconds: float = Field(default=5.0, ge=0, description="Shutdown grace period.")
 
 

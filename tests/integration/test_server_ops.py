@@ -343,6 +343,45 @@ def _read_line(stream: Any, timeout: float) -> str:
         pytest.fail(f"no line from the server within {timeout} s")
 
 
+def test_stop_ends_open_streams_and_returns(db_url: str) -> None:
+    """stop() with an import stream whose client went quiet mid-stream and a following
+    ListChanges open: both calls end with an error status, stop() returns (a thread reading
+    the import's stream does not outlive the server), and the store is usable afterwards."""
+    release = threading.Event()
+
+    def chunks() -> Iterator[pb.ImportAuthorityRequest]:
+        yield pb.ImportAuthorityRequest(
+            format=pb.AUTHORITY_FORMAT_JSONL,
+            data=b'{"id": "Q1", "name": "Ada Lovelace", "type": "person"}\n')
+        release.wait(T)  # the client says nothing more until the server is gone
+
+    running = start_server(
+        Settings(db_url=db_url, host="127.0.0.1", port=0, admin_token=ADMIN_TOKEN))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = Stub(channel)
+            made = stub.Resolve(pb.ResolveRequest(mention="Quorbex", entity_type="tool"),
+                                timeout=T)
+            follower = stub.ListChanges(pb.ListChangesRequest(follow=True), timeout=T)
+            assert next(follower).change.entity_id == made.entity_id
+            importing = stub.ImportAuthority.future(chunks(), metadata=ADMIN, timeout=T)
+            time.sleep(0.3)  # the server is reading the import's stream
+            started = time.monotonic()
+            running.stop(grace=0.5)
+            assert time.monotonic() - started < 5
+            with pytest.raises(grpc.RpcError) as ended:
+                importing.result(timeout=T)
+            assert ended.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+            with pytest.raises(grpc.RpcError):
+                next(follower)
+    finally:
+        release.set()
+        running.stop(grace=0)
+    with serving(db_url) as (_, stub):  # the same store serves again
+        again = stub.Resolve(pb.ResolveRequest(mention="Quorbex", entity_type="tool"), timeout=T)
+        assert again.entity_id == made.entity_id and not again.created
+
+
 def test_cli_serve_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
