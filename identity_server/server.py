@@ -67,9 +67,20 @@ class _EventLoopThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def close(self) -> None:
+        """Cancel what still runs on the loop (as asyncio.run does), then stop and close it."""
+        if self.loop.is_closed():
+            return
+        self.run(_cancel_remaining_tasks())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
+
+
+async def _cancel_remaining_tasks() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass
@@ -95,7 +106,9 @@ class RunningServer:
         logger.info("server on port %d stopped", self.port)
 
     def wait(self) -> None:
-        self._loop.run(self.server.wait_for_termination())
+        """Block until the server stops."""
+        if not self._loop.loop.is_closed():
+            self._loop.run(self.server.wait_for_termination())
 
 
 def _tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:

@@ -42,7 +42,7 @@ from identity_server.errors import (
 from identity_server.index import NameIndex
 from identity_server.matching import Decision, Outcome, decide, pair_candidates
 from identity_server.normalize import display_form, key, warm_up
-from identity_server.store.sql import ChangeRecord, LinkRow, SqlStore, Tx
+from identity_server.store.sql import ChangeRecord, LinkRow, SqlStore, Tx, WouldBlock
 from identity_server.unit import CURATOR, DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
 
 logger = logging.getLogger(__name__)
@@ -245,27 +245,44 @@ class IdentityService:
         finally:
             self._index_version += 1
 
-    def _write(self, work: Callable[[Unit], T]) -> T:
-        with self._lock, self._changing_index():
-            unit: Unit | None = None
-            try:
-                with self.store.write() as tx:
-                    if not self._settled():
-                        self._catch_up(tx)
-                    unit = Unit(tx, self.index, self._seq)
-                    result = work(unit)
-                    self._link_placeholders_to_later_candidates(unit)
-                    unit.flush()
-                self._seq = unit.seq
-                self._settle_after_own_commit()
-                self._schedule_typo_pack()
-                return result
-            except BaseException:
-                if unit is not None and unit.touched:
-                    self._known_papers.clear()
-                    with self.store.read() as tx:
-                        self._reload(tx, unit.touched)
-                raise
+    def _write(self, work: Callable[[Unit], T], *, wait: bool = True) -> T:
+        """work in a write transaction, under the lock. wait=False: WouldBlock, before
+        anything is done, when the lock or the store's write lock is taken (see SqlStore)."""
+        if not self._lock.acquire(blocking=wait):
+            raise WouldBlock("another write of this process is under way")
+        try:
+            return self._write_locked(work, wait)
+        finally:
+            self._lock.release()
+
+    def _write_locked(self, work: Callable[[Unit], T], wait: bool) -> T:
+        # The index is marked as changing once the store's write lock is held, not while
+        # waiting for it (another process's long write): lock-free readers go on meanwhile.
+        changing = False
+        unit: Unit | None = None
+        try:
+            with self.store.write(wait=wait) as tx:
+                self._index_version += 1
+                changing = True
+                if not self._settled():
+                    self._catch_up(tx)
+                unit = Unit(tx, self.index, self._seq)
+                result = work(unit)
+                self._link_placeholders_to_later_candidates(unit)
+                unit.flush()
+            self._seq = unit.seq
+            self._settle_after_own_commit()
+            self._schedule_typo_pack()
+            return result
+        except BaseException:
+            if unit is not None and unit.touched:
+                self._known_papers.clear()
+                with self.store.read() as tx:
+                    self._reload(tx, unit.touched)
+            raise
+        finally:
+            if changing:
+                self._index_version += 1
 
     def _link_placeholders_to_later_candidates(self, u: Unit) -> None:
         """SPEC: a placeholder is linked to every best-ranked candidate of its pair, 'including
@@ -456,11 +473,13 @@ class IdentityService:
                 return unchanged
         return self._resolve_together(d.mention, d.context_id, prior)
 
-    def resolve_deferred(self, group: Sequence[DeferredResolve]) -> list[ResolveResult]:
+    def resolve_deferred(self, group: Sequence[DeferredResolve], *,
+                         wait: bool = True) -> list[ResolveResult]:
         """Writing Resolves (none lookup-only) in one transaction, in order, as if called one
-        at a time: group commit for a caller that gathers them itself (the server's loop)."""
+        at a time: group commit for a caller that gathers them itself (the server's loop).
+        wait=False: WouldBlock instead of waiting for a lock (see `_write`)."""
         return self._write(lambda u: [self._resolve_linking(u, d.mention, d.context_id, d.prior)
-                                      for d in group])
+                                      for d in group], wait=wait)
 
     def resolve_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
                       lookup_only: bool = False) -> list[ResolveResult | ItemError]:
@@ -468,8 +487,10 @@ class IdentityService:
         return self.resolve_batch_reply(context_id, mentions, lookup_only=lookup_only).results
 
     def resolve_batch_reply(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
-                            lookup_only: bool = False) -> BatchReply:
-        """`resolve_batch`, saying whether the results are a repeated request's first reply."""
+                            lookup_only: bool = False, wait: bool = True) -> BatchReply:
+        """`resolve_batch`, saying whether the results are a repeated request's first reply.
+        wait=False: WouldBlock instead of waiting for a lock (see `_write`); a lookup-only
+        batch may always wait."""
         _checked_id(context_id, "context id")
         if len(mentions) > self.config.max_batch_size:
             raise InvalidArgument(
@@ -506,7 +527,7 @@ class IdentityService:
                     u.tx.purge_batch_replies(before=oldest_kept)
             return BatchReply(results)
 
-        return self._write(work)
+        return self._write(work, wait=wait)
 
     def _resolve_together(self, m: Mention, context_id: str,
                           prior: _Prior | None = None) -> ResolveResult:

@@ -32,6 +32,7 @@ from identity_server.service import (
     ItemError,
     ResolveResult,
 )
+from identity_server.store.sql import WouldBlock
 
 logger = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -63,6 +64,9 @@ _CHANGE_KIND = {
 _DECISION = {pb.SAME: "same", pb.DISTINCT: "distinct"}
 _FORMAT = {pb.AUTHORITY_FORMAT_JSONL: "jsonl", pb.AUTHORITY_FORMAT_CSV: "csv"}
 _FOLLOW_POLL_S = 0.2
+# Batches up to this many mentions are written on the event loop when nothing is in their way
+# (a few ms at most); larger ones always go to a thread, so no call waits long behind one.
+INLINE_BATCH_LIMIT = 200
 _INTERNAL = "internal error; the server log has the details"
 _STREAM_POLL_S = 1.0  # how often a thread waiting on a request stream checks the loop still runs
 
@@ -115,8 +119,10 @@ def _count(request: Any) -> int:
 
 class IdentityServicer:
     """IdentityService on gRPC's asyncio server. Handlers run on the event loop; whatever may
-    wait (the store, the write lock, a catch-up) runs on the `blocking` thread pool, so the loop
-    never waits and a Resolve the index answers at once costs no thread switch."""
+    wait (a lock, another process's write, PostgreSQL, a large batch) runs on the `blocking`
+    thread pool, so the loop never waits. A Resolve the index answers at once, and a write
+    (Resolve, or a batch of up to INLINE_BATCH_LIMIT mentions) that finds no lock taken on
+    SQLite, cost no thread switch."""
 
     def __init__(self, service: IdentityService, *, admin_token: str | None,
                  blocking: futures.Executor, max_followers: int = 4) -> None:
@@ -163,13 +169,19 @@ class IdentityServicer:
     @_rpc()
     async def ResolveBatch(self, request: pb.ResolveBatchRequest,
                            context: Context) -> pb.ResolveBatchResponse:
+        if not request.lookup_only and len(request.mentions) <= INLINE_BATCH_LIMIT:
+            try:
+                return self._resolve_batch(request, wait=False)
+            except WouldBlock:
+                pass
         return await self._off_loop(self._resolve_batch, request)
 
-    def _resolve_batch(self, request: pb.ResolveBatchRequest) -> pb.ResolveBatchResponse:
+    def _resolve_batch(self, request: pb.ResolveBatchRequest, *,
+                       wait: bool = True) -> pb.ResolveBatchResponse:
         reply = self.service.resolve_batch_reply(
             request.context_id,
             [(m.mention, m.entity_type) for m in request.mentions],
-            lookup_only=request.lookup_only,
+            lookup_only=request.lookup_only, wait=wait,
         )
         out = pb.ResolveBatchResponse(replayed=reply.replayed)
         for r in reply.results:
@@ -289,10 +301,11 @@ class IdentityServicer:
 
 class _GroupWriter:
     """Resolves that may write, gathered on the event loop and written in groups, one group at
-    a time on a blocking-pool thread: each group is one transaction, and calls arriving while
-    it is written form the next. Each call takes effect between its start and its reply, so
-    the outcome is that of some one-at-a-time order; one thread writes instead of every caller
-    queueing a thread on the write lock."""
+    a time: each group is one transaction, and calls arriving while it is written form the
+    next. Each call takes effect between its start and its reply, so the outcome is that of
+    some one-at-a-time order. A group is written on the loop itself when no lock stands in
+    its way (an uncontended SQLite write is a fraction of a millisecond, less than handing it
+    to a thread costs), else on a blocking-pool thread, where waiting is fine."""
 
     def __init__(self, service: IdentityService, blocking: futures.Executor) -> None:
         self._service = service
@@ -313,9 +326,13 @@ class _GroupWriter:
         try:
             while self._queued:
                 group, self._queued = self._queued, []
+                deferred = [d for d, _ in group]
                 try:
-                    results = await loop.run_in_executor(
-                        self._blocking, self._service.resolve_deferred, [d for d, _ in group])
+                    try:
+                        results = self._service.resolve_deferred(deferred, wait=False)
+                    except WouldBlock:
+                        results = await loop.run_in_executor(
+                            self._blocking, self._service.resolve_deferred, deferred)
                 except Exception as e:  # noqa: BLE001 - the group failed: so does each of its calls
                     for _, reply in group:
                         if not reply.done():

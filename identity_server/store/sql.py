@@ -31,7 +31,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.engine import RootTransaction
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.errors import StoreUnavailable
@@ -76,6 +77,10 @@ def ordered_pair(x: str, y: str) -> tuple[str, str]:
     return (x, y) if x < y else (y, x)
 
 
+class WouldBlock(Exception):
+    """A write asked not to wait would have had to (the caller then writes where it may wait)."""
+
+
 class SqlStore:
     """Owns the engine; hands out read and locked write transactions."""
 
@@ -83,6 +88,7 @@ class SqlStore:
                  checkpoint_every_s: float = 1.0) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
+        self._busy_timeout_s = busy_timeout_s
         self._watch: sqlite3.Connection | None = None
         self._checkpointer: _Checkpointer | None = None
         self._watch_lock = threading.Lock()
@@ -140,9 +146,13 @@ class SqlStore:
         return int(marker), int(last)
 
     @contextmanager
-    def write(self) -> Iterator[Tx]:
-        """A transaction holding the store-wide write lock; commits when the block succeeds."""
-        with self._transaction(write=True) as tx:
+    def write(self, *, wait: bool = True) -> Iterator[Tx]:
+        """A transaction holding the store-wide write lock; commits when the block succeeds.
+
+        With wait=False it raises WouldBlock instead of waiting for the lock, before anything
+        is done: this process's other writer, another process's write transaction (SQLite), or
+        a network round trip per statement (PostgreSQL: never taken without waiting)."""
+        with self._transaction(write=True, wait=wait) as tx:
             yield tx
 
     @contextmanager
@@ -151,17 +161,24 @@ class SqlStore:
             yield tx
 
     @contextmanager
-    def _transaction(self, *, write: bool) -> Iterator[Tx]:
+    def _transaction(self, *, write: bool, wait: bool = True) -> Iterator[Tx]:
+        if not wait and not (write and self.is_sqlite):
+            raise WouldBlock("only SQLite writes can be tried without waiting")
         try:
             if write and self.is_sqlite:
-                with self._writer_lock:
+                if not self._writer_lock.acquire(blocking=wait):
+                    raise WouldBlock("this process's other writer holds the write connection")
+                try:
                     conn = self._writer_connection()
+                    began = self._begin(conn) if wait else self._begin_at_once(conn)
                     try:
-                        with conn.begin():
+                        with began:
                             yield Tx(conn, True)
                     except BaseException:
                         self._drop_writer()  # whatever state it is in, the next write starts afresh
                         raise
+                finally:
+                    self._writer_lock.release()
                 return
             with self.engine.connect() as conn:
                 conn.info["write"] = write
@@ -175,6 +192,25 @@ class SqlStore:
             raise
         except _operational_errors() as e:  # from a statement run on the driver's own cursor
             raise StoreUnavailable(f"identity store error: {e}") from e
+
+    @staticmethod
+    def _begin(conn: Connection) -> RootTransaction:
+        return conn.begin()
+
+    def _begin_at_once(self, conn: Connection) -> RootTransaction:
+        """BEGIN IMMEDIATE with no busy wait: WouldBlock when another connection writes (once
+        begun, a WAL write transaction waits on nothing: readers never block it)."""
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        driver.execute("PRAGMA busy_timeout=0")
+        try:
+            return conn.begin()
+        except (sqlite3.OperationalError, OperationalError) as e:
+            if "locked" in str(e) or "busy" in str(e):
+                raise WouldBlock("another connection holds the store's write lock") from e
+            raise
+        finally:
+            driver.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
 
     def _writer_connection(self) -> Connection:
         """The kept SQLite write connection (under _writer_lock), opened on first use."""

@@ -38,6 +38,14 @@ class CountingLock:
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
 
+    def acquire(self, blocking: bool = True) -> bool:
+        taken = self._lock.acquire(blocking)
+        self.taken += taken
+        return taken
+
+    def release(self) -> None:
+        self._lock.release()
+
 
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[IdentityService]:

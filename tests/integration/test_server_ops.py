@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -341,6 +342,38 @@ def _read_line(stream: Any, timeout: float) -> str:
         return lines.get(timeout=timeout)
     except queue.Empty:
         pytest.fail(f"no line from the server within {timeout} s")
+
+
+def test_reads_are_answered_while_another_process_holds_the_write_lock(
+        tmp_path: Path) -> None:
+    """The server writes on its event loop only when nothing is in the way: while another
+    connection (another process, say an import) holds SQLite's write lock, a Resolve that
+    writes waits for it on a thread, and Resolves the index answers go on being answered."""
+    db = tmp_path / "shared.sqlite"
+    with serving(f"sqlite:///{db}") as (_, stub):
+        known = stub.Resolve(pb.ResolveRequest(mention="Quorbex", entity_type="tool"), timeout=T)
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            writing = stub.Resolve.future(
+                pb.ResolveRequest(mention="Vextral Autoencoder", entity_type="method"),
+                timeout=T)
+            batch = stub.ResolveBatch.future(pb.ResolveBatchRequest(
+                context_id="paper-1", mentions=[pb.Mention(mention="Quorbex",
+                                                           entity_type="tool")]), timeout=T)
+            for _ in range(5):
+                started = time.monotonic()
+                again = stub.Resolve(pb.ResolveRequest(mention="Quorbex", entity_type="tool"),
+                                     timeout=T)
+                assert again.entity_id == known.entity_id
+                assert time.monotonic() - started < 1.0
+            assert not writing.done() and not batch.done()  # both wait for the lock
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        made = writing.result(timeout=T)
+        assert made.created and made.match_kind == pb.NEW
+        assert batch.result(timeout=T).results[0].resolved.entity_id == known.entity_id
 
 
 def test_stop_ends_open_streams_and_returns(db_url: str) -> None:

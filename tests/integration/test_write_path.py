@@ -17,8 +17,8 @@ from identity_server.domain import Entity, MatchKind, Name, NameKind, Status
 from identity_server.errors import StoreUnavailable
 from identity_server.index import NameIndex
 from identity_server.matching import Outcome
-from identity_server.service import IdentityService
-from identity_server.store.sql import ChangeRecord, SqlStore
+from identity_server.service import DeferredResolve, IdentityService
+from identity_server.store.sql import ChangeRecord, SqlStore, WouldBlock
 
 
 def test_a_write_reuses_the_decision_its_lock_free_look_made(
@@ -119,6 +119,67 @@ def test_a_busy_store_is_unavailable_and_the_next_write_works(tmp_path: Path) ->
         other.close()
         _commit(store, 3)
         assert _seqs(db) == [1, 3]
+
+
+def test_a_write_that_must_not_wait_says_so_at_once_and_leaves_the_store_working(
+        tmp_path: Path) -> None:
+    """write(wait=False) raises WouldBlock, without waiting out the busy timeout, while another
+    connection holds the write lock or this process's other writer holds the connection; the
+    busy timeout is back for writes that may wait, and nothing was written."""
+    with _store(tmp_path, busy_timeout_s=30.0) as (store, db):
+        with store.write(wait=False) as tx:  # nothing in the way: it writes
+            tx.append_changes([ChangeRecord(1, "created", "E1", "", {}, 0.0)])
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        with pytest.raises(WouldBlock), store.write(wait=False):
+            pytest.fail("began while another connection writes")
+        assert time.monotonic() - started < 5  # not the 30 s busy timeout
+        other.execute("ROLLBACK")
+        other.close()
+        inside, release = threading.Event(), threading.Event()
+
+        def hold_the_writer() -> None:
+            with store.write():
+                inside.set()
+                release.wait(10)
+
+        holder = threading.Thread(target=hold_the_writer)
+        holder.start()
+        assert inside.wait(10)
+        with pytest.raises(WouldBlock), store.write(wait=False):
+            pytest.fail("began while this process's other writer holds the connection")
+        release.set()
+        holder.join(10)
+        _commit(store, 3)
+        assert _seqs(db) == [1, 3]
+        timeout = store._writer.connection.driver_connection.execute(  # type: ignore[union-attr]
+            "PRAGMA busy_timeout").fetchone()
+        assert timeout == (30_000,)
+
+
+def test_a_service_write_that_must_not_wait_leaves_no_trace(service: IdentityService) -> None:
+    """While another thread holds the service's lock, a write asked not to wait raises
+    WouldBlock before deciding anything; the same write waiting later does it all once."""
+    m = service.parse_mention("Quorbex Transformer", "method")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with service._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    with pytest.raises(WouldBlock):
+        service.resolve_deferred([DeferredResolve(m, "")], wait=False)
+    release.set()
+    holder.join(10)
+    looked = service.resolve("Quorbex Transformer", "method", lookup_only=True)
+    assert (looked.match_kind, looked.entity_id) == (MatchKind.NEW, "")  # nothing was written
+    (made,) = service.resolve_deferred([DeferredResolve(m, "")], wait=False)
+    assert made.created and made.match_kind is MatchKind.NEW
 
 
 def test_a_driver_error_in_a_hot_statement_is_a_store_error(tmp_path: Path) -> None:
