@@ -25,14 +25,13 @@ from identity_server.errors import (
     StoreUnavailable,
     Unauthenticated,
 )
+from identity_server.loop_work import GroupWriter, blocking_iterator, write_here_or_on_pool
 from identity_server.service import (
-    DeferredResolve,
     EntityView,
     IdentityService,
     ItemError,
     ResolveResult,
 )
-from identity_server.store.sql import WouldBlock
 
 logger = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,11 +63,11 @@ _CHANGE_KIND = {
 _DECISION = {pb.SAME: "same", pb.DISTINCT: "distinct"}
 _FORMAT = {pb.AUTHORITY_FORMAT_JSONL: "jsonl", pb.AUTHORITY_FORMAT_CSV: "csv"}
 _FOLLOW_POLL_S = 0.2
-# Batches up to this many mentions are written on the event loop when nothing is in their way
-# (a few ms at most); larger ones always go to a thread, so no call waits long behind one.
+# Batches up to this many mentions (a paper's worth; ~60-120 µs a mention) are written on the
+# event loop when nothing is in their way; larger ones always go to a thread, so no call waits
+# behind one for more than ~10-20 ms.
 INLINE_BATCH_LIMIT = 200
 _INTERNAL = "internal error; the server log has the details"
-_STREAM_POLL_S = 1.0  # how often a thread waiting on a request stream checks the loop still runs
 
 
 def _rpc(*, admin: bool = False) -> Callable[[F], F]:
@@ -129,7 +128,7 @@ class IdentityServicer:
         self.service = service
         self.admin_token = admin_token
         self._blocking = blocking
-        self._writes = _GroupWriter(service, blocking)
+        self._writes = GroupWriter(service, blocking)
         # Following ListChanges streams each poll the store: capped, so followers (or clients
         # that stop reading) can never crowd out other calls.
         self.max_followers = max_followers
@@ -170,10 +169,7 @@ class IdentityServicer:
     async def ResolveBatch(self, request: pb.ResolveBatchRequest,
                            context: Context) -> pb.ResolveBatchResponse:
         if not request.lookup_only and len(request.mentions) <= INLINE_BATCH_LIMIT:
-            try:
-                return self._resolve_batch(request, wait=False)
-            except WouldBlock:
-                pass
+            return await write_here_or_on_pool(self._blocking, self._resolve_batch, request)
         return await self._off_loop(self._resolve_batch, request)
 
     def _resolve_batch(self, request: pb.ResolveBatchRequest, *,
@@ -246,7 +242,7 @@ class IdentityServicer:
         if first is None:
             return pb.ImportAuthorityResponse()
         fmt = _FORMAT.get(first.format)
-        rest = _blocking_iterator(request_iterator, asyncio.get_running_loop())
+        rest = blocking_iterator(request_iterator, asyncio.get_running_loop())
         report = await self._off_loop(self.service.import_lines, _lines(first, rest), fmt)
         return pb.ImportAuthorityResponse(
             imported=report.imported, created=report.created, updated=report.updated,
@@ -297,77 +293,6 @@ class IdentityServicer:
                 if not request.follow:
                     return
                 await asyncio.sleep(_FOLLOW_POLL_S)
-
-
-class _GroupWriter:
-    """Resolves that may write, gathered on the event loop and written in groups, one group at
-    a time: each group is one transaction, and calls arriving while it is written form the
-    next. Each call takes effect between its start and its reply, so the outcome is that of
-    some one-at-a-time order. A group is written on the loop itself when no lock stands in
-    its way (an uncontended SQLite write is a fraction of a millisecond, less than handing it
-    to a thread costs), else on a blocking-pool thread, where waiting is fine."""
-
-    def __init__(self, service: IdentityService, blocking: futures.Executor) -> None:
-        self._service = service
-        self._blocking = blocking
-        self._queued: list[tuple[DeferredResolve, asyncio.Future[ResolveResult]]] = []
-        self._writer: asyncio.Task[None] | None = None
-
-    async def resolve(self, deferred: DeferredResolve) -> ResolveResult:
-        loop = asyncio.get_running_loop()
-        reply: asyncio.Future[ResolveResult] = loop.create_future()
-        self._queued.append((deferred, reply))
-        if self._writer is None:
-            self._writer = loop.create_task(self._write_queued())
-        return await reply
-
-    async def _write_queued(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._queued:
-                group, self._queued = self._queued, []
-                deferred = [d for d, _ in group]
-                try:
-                    try:
-                        results = self._service.resolve_deferred(deferred, wait=False)
-                    except WouldBlock:
-                        results = await loop.run_in_executor(
-                            self._blocking, self._service.resolve_deferred, deferred)
-                except Exception as e:  # noqa: BLE001 - the group failed: so does each of its calls
-                    for _, reply in group:
-                        if not reply.done():
-                            reply.set_exception(e)
-                else:
-                    for (_, reply), result in zip(group, results, strict=True):
-                        if not reply.done():  # a caller that went away gets nothing
-                            reply.set_result(result)
-        finally:
-            self._writer = None
-
-
-def _blocking_iterator(messages: AsyncIterator[M], loop: asyncio.AbstractEventLoop) -> Iterator[M]:
-    """The rest of a request stream, read from a blocking-pool thread a message at a time on
-    the loop that owns the call."""
-
-    async def next_message() -> tuple[bool, M | None]:
-        try:
-            return True, await anext(messages)
-        except StopAsyncIteration:
-            return False, None
-
-    while True:
-        pending = asyncio.run_coroutine_threadsafe(next_message(), loop)
-        while True:
-            try:
-                more, message = pending.result(timeout=_STREAM_POLL_S)
-                break
-            except futures.TimeoutError:
-                if not loop.is_running():  # the server stopped: nothing will read the stream
-                    pending.cancel()
-                    raise StoreUnavailable("the server is shutting down") from None
-        if not more:
-            return
-        yield message  # type: ignore[misc]
 
 
 def _lines(first: pb.ImportAuthorityRequest,
