@@ -36,7 +36,6 @@ from identity_server.service import (
 logger = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-M = TypeVar("M")
 Context = grpc.aio.ServicerContext[Any, Any]
 
 STATUS_CODES: dict[type[IdentityError], grpc.StatusCode] = {
