@@ -6,8 +6,7 @@ keeps memory each time: any client could grow the server without bound. Here a r
 does not decode becomes a marker that the handler turns into INVALID_ARGUMENT naming what was
 wrong; everything else is what the generated `add_..._to_server` functions register. Used for
 every service the server runs: IdentityService, health and reflection (the last two answer
-anyone). IdentityService's handlers are coroutines the event loop runs; health's and
-reflection's are plain functions the server runs on its handler threads.
+anyone). All three are the asyncio servicers the event loop runs.
 """
 
 from __future__ import annotations
@@ -80,14 +79,22 @@ def _guarded_async(method: str, message: type[Message], behaviour: Callable[...,
                    client_streaming: bool) -> Callable[..., Any]:
     """`_guarded` for handlers the event loop runs itself (coroutines and async generators)."""
     if client_streaming:
+        async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, Undecodable):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        _complaint(method, message, request))
+                yield request
+
+        if inspect.isasyncgenfunction(behaviour):  # a stream both ways (reflection)
+            async def stream_to_stream(requests: AsyncIterator[Any],
+                                       context: Any) -> AsyncIterator[Any]:
+                async for response in behaviour(checked(requests, context), context):
+                    yield response
+            return stream_to_stream
+
         async def streaming(requests: AsyncIterator[Any], context: Any) -> Any:
-            async def checked() -> AsyncIterator[Any]:
-                async for request in requests:
-                    if isinstance(request, Undecodable):
-                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                            _complaint(method, message, request))
-                    yield request
-            return await behaviour(checked(), context)
+            return await behaviour(checked(requests, context), context)
         return streaming
 
     if inspect.isasyncgenfunction(behaviour):

@@ -14,13 +14,13 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
 
-from identity_server.errors import StoreUnavailable
 from identity_server.service import DeferredResolve, IdentityService, ResolveResult
 from identity_server.store.sql import WouldBlock
 
 M = TypeVar("M")
 T = TypeVar("T")
 _STREAM_POLL_S = 1.0  # how often a thread waiting on a request stream checks the loop still runs
+_END_SETTLE_S = 0.05  # how long the end of a request stream waits for news of a cancel
 
 
 async def write_here_or_on_pool(blocking: futures.Executor, write: Callable[..., T],
@@ -76,14 +76,26 @@ class GroupWriter:
             self._writer = None
 
 
-def blocking_iterator(messages: AsyncIterator[M], loop: asyncio.AbstractEventLoop) -> Iterator[M]:
+class CallEnded(Exception):
+    """The call ended (cancelled, past its deadline, the server stopping) before its request
+    stream did: what was read is not the whole stream and must not be taken for it."""
+
+
+def blocking_iterator(messages: AsyncIterator[M], loop: asyncio.AbstractEventLoop,
+                      call: asyncio.Task[Any]) -> Iterator[M]:
     """The rest of a request stream, read from a blocking-pool thread a message at a time on
-    the loop that owns the call."""
+    the loop that owns the call (whose handler runs as task `call`). Raises CallEnded when the
+    stream stops because the call ended, not because the client finished sending."""
 
     async def next_message() -> tuple[bool, M | None]:
         try:
             return True, await anext(messages)
         except StopAsyncIteration:
+            # A cancelled call's stream ends like a finished one; its handler is cancelled a
+            # moment later. Wait that moment before taking the end for the end of the data.
+            await asyncio.sleep(_END_SETTLE_S)
+            if call.cancelling() or call.done():
+                raise CallEnded("the call ended before its request stream did") from None
             return False, None
 
     while True:
@@ -95,10 +107,12 @@ def blocking_iterator(messages: AsyncIterator[M], loop: asyncio.AbstractEventLoo
             except futures.TimeoutError:
                 if not loop.is_running():  # the server stopped: nothing will read the stream
                     pending.cancel()
-                    raise StoreUnavailable("the server is shutting down") from None
+                    raise CallEnded("the server stopped before the request stream ended") from None
+            except futures.CancelledError:  # the read itself was cancelled: the server stops
+                raise CallEnded("the server stopped before the request stream ended") from None
         if not more:
             return
         yield message  # type: ignore[misc]
 
 
-__all__ = ["GroupWriter", "blocking_iterator", "write_here_or_on_pool"]
+__all__ = ["CallEnded", "GroupWriter", "blocking_iterator", "write_here_or_on_pool"]

@@ -89,7 +89,7 @@ class RunningServer:
 
     server: grpc.aio.Server
     port: int
-    health: health.HealthServicer
+    health: health.aio.HealthServicer
     service: IdentityService
     _loop: _EventLoopThread
     _handlers: futures.ThreadPoolExecutor
@@ -98,10 +98,12 @@ class RunningServer:
         """Idempotent: a second call returns at once."""
         if self._loop.loop.is_closed():
             return
-        self.health.enter_graceful_shutdown()
+        self._loop.run(self.health.enter_graceful_shutdown())
         self._loop.run(self.server.stop(grace))
         self._loop.close()
-        self._handlers.shutdown(wait=True)
+        # Work still queued belongs to calls that are over: dropped. A write under way is
+        # waited for by service.close() (the store's write lock), each queued one is not.
+        self._handlers.shutdown(wait=False, cancel_futures=True)
         self.service.close()
         logger.info("server on port %d stopped", self.port)
 
@@ -160,10 +162,11 @@ async def _serve(settings: Settings, service: IdentityService,
                          max_followers=max(1, settings.max_workers // 4)),
         server
     )
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    # The asyncio servicers: a Watch stream or a reflection stream holds no thread.
+    health_servicer = health.aio.HealthServicer()
     add_service(health_servicer, server, health_pb2.DESCRIPTOR.services_by_name["Health"],
                 health_pb2)
-    add_service(reflection.ReflectionServicer(
+    add_service(reflection.aio.ReflectionServicer(
                     (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)),
                 server, reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"],
                 reflection_pb2)
@@ -178,7 +181,7 @@ async def _serve(settings: Settings, service: IdentityService,
                            f"is not one of this machine's")
     await server.start()
     for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     logger.info("identity server listening on %s:%d (store %s)", settings.host, port,
                 service.store.url.split("@")[-1])
     return RunningServer(server, port, health_servicer, service, loop, handlers)

@@ -25,7 +25,12 @@ from identity_server.errors import (
     StoreUnavailable,
     Unauthenticated,
 )
-from identity_server.loop_work import GroupWriter, blocking_iterator, write_here_or_on_pool
+from identity_server.loop_work import (
+    CallEnded,
+    GroupWriter,
+    blocking_iterator,
+    write_here_or_on_pool,
+)
 from identity_server.service import (
     EntityView,
     IdentityService,
@@ -90,6 +95,9 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
             except asyncio.CancelledError:  # the client went away (cancelled, deadline): no fault
                 code = grpc.StatusCode.CANCELLED
                 raise
+            except CallEnded:  # the same, noticed while reading its request stream
+                code = grpc.StatusCode.CANCELLED
+                raise asyncio.CancelledError() from None
             except grpc.aio.AbortError:  # aborted already (a request that did not decode)
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
@@ -160,7 +168,10 @@ class IdentityServicer:
         )
         if isinstance(answer, ResolveResult):
             return resolve_response(answer)
-        if answer.lookup_only:
+        if answer.lookup_only or (answer.prior is None and not answer.context_id):
+            # The index could not answer at once (it is catching up, or changing): look again
+            # on a thread, under the process lock but not the store's write lock, and write
+            # only if that look says so.
             return resolve_response(await self._off_loop(self.service.finish_resolve, answer))
         return resolve_response(await self._writes.resolve(answer))
 
@@ -241,7 +252,9 @@ class IdentityServicer:
         if first is None:
             return pb.ImportAuthorityResponse()
         fmt = _FORMAT.get(first.format)
-        rest = blocking_iterator(request_iterator, asyncio.get_running_loop())
+        call = asyncio.current_task()
+        assert call is not None
+        rest = blocking_iterator(request_iterator, asyncio.get_running_loop(), call)
         report = await self._off_loop(self.service.import_lines, _lines(first, rest), fmt)
         return pb.ImportAuthorityResponse(
             imported=report.imported, created=report.created, updated=report.updated,

@@ -77,6 +77,9 @@ def ordered_pair(x: str, y: str) -> tuple[str, str]:
     return (x, y) if x < y else (y, x)
 
 
+_CLOSE_WAIT_S = 5.0  # close() waits this long for a write in progress
+
+
 class WouldBlock(Exception):
     """A write asked not to wait would have had to (the caller then writes where it may wait)."""
 
@@ -89,6 +92,7 @@ class SqlStore:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         self._busy_timeout_s = busy_timeout_s
+        self._closing = False
         self._watch: sqlite3.Connection | None = None
         self._checkpointer: _Checkpointer | None = None
         self._watch_lock = threading.Lock()
@@ -115,12 +119,22 @@ class SqlStore:
             raise StoreUnavailable(f"cannot open the identity store at {_safe(url)}: {e}") from e
 
     def close(self) -> None:
+        """Close the store; no write starts after this. A write in progress gets a few seconds
+        to finish; one still waiting then for another process's lock (its caller is gone: the
+        server is stopping) is left to run out its busy timeout and fail on its own."""
+        self._closing = True
         if self._checkpointer is not None:
             self._checkpointer.close()
         if self._watch is not None:
             self._watch.close()
-        with self._writer_lock:
-            self._drop_writer()
+        if self._writer_lock.acquire(timeout=_CLOSE_WAIT_S):
+            try:
+                self._drop_writer()
+            finally:
+                self._writer_lock.release()
+        else:
+            logger.warning("closing the store while a write still waits for another process's "
+                           "write lock; it fails when its busy timeout runs out")
         self.engine.dispose()
 
     def commit_marker(self) -> int | None:
@@ -164,6 +178,8 @@ class SqlStore:
     def _transaction(self, *, write: bool, wait: bool = True) -> Iterator[Tx]:
         if not wait and not (write and self.is_sqlite):
             raise WouldBlock("only SQLite writes can be tried without waiting")
+        if write and self._closing:
+            raise StoreUnavailable("the identity store is closing")
         try:
             if write and self.is_sqlite:
                 if not self._writer_lock.acquire(blocking=wait):

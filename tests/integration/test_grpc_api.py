@@ -1028,6 +1028,8 @@ def test_an_import_the_client_cancels_is_logged_as_cancelled_not_as_a_fault(
     assert [r.getMessage().split()[-1] for r in ours
             if "method=ImportAuthority" in r.getMessage()] == ["code=CANCELLED"]
     assert not [r for r in ours if r.levelno >= logging.ERROR]
+    # A cancelled import is not a whole file: what it sent is not imported.
+    assert fails(lambda: get(stub, "Q1")).code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_a_reflection_request_that_does_not_decode_is_invalid_argument(

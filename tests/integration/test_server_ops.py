@@ -353,6 +353,7 @@ def test_reads_are_answered_while_another_process_holds_the_write_lock(
     with serving(f"sqlite:///{db}") as (_, stub):
         known = stub.Resolve(pb.ResolveRequest(mention="Quorbex", entity_type="tool"), timeout=T)
         other = sqlite3.connect(db, isolation_level=None)
+        other.execute("CREATE TABLE other_process (x)")  # a commit: the server must look again
         other.execute("BEGIN IMMEDIATE")
         try:
             writing = stub.Resolve.future(
@@ -398,6 +399,9 @@ def test_stop_ends_open_streams_and_returns(db_url: str) -> None:
             follower = stub.ListChanges(pb.ListChangesRequest(follow=True), timeout=T)
             assert next(follower).change.entity_id == made.entity_id
             importing = stub.ImportAuthority.future(chunks(), metadata=ADMIN, timeout=T)
+            watching = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service=""), timeout=T)
+            assert next(watching).status == health_pb2.HealthCheckResponse.SERVING
             time.sleep(0.3)  # the server is reading the import's stream
             started = time.monotonic()
             running.stop(grace=0.5)
@@ -407,12 +411,18 @@ def test_stop_ends_open_streams_and_returns(db_url: str) -> None:
             assert ended.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
             with pytest.raises(grpc.RpcError):
                 next(follower)
+            with pytest.raises(grpc.RpcError):  # the health watch ends too
+                for _ in watching:  # (NOT_SERVING may come first)
+                    pass
     finally:
         release.set()
         running.stop(grace=0)
     with serving(db_url) as (_, stub):  # the same store serves again
         again = stub.Resolve(pb.ResolveRequest(mention="Quorbex", entity_type="tool"), timeout=T)
         assert again.entity_id == made.entity_id and not again.created
+        with pytest.raises(grpc.RpcError) as gone:  # the unfinished import wrote nothing
+            stub.GetEntity(pb.GetEntityRequest(entity_id="Q1"), timeout=T)
+        assert gone.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_cli_serve_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
