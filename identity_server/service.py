@@ -246,24 +246,18 @@ class IdentityService:
             self._index_version += 1
 
     def _write(self, work: Callable[[Unit], T], *, wait: bool = True) -> T:
-        """work in a write transaction, under the lock. wait=False: WouldBlock, before
-        anything is done, when the lock or the store's write lock is taken (see SqlStore)."""
-        if not self._lock.acquire(blocking=wait):
-            raise WouldBlock("another write of this process is under way")
-        try:
-            return self._write_locked(work, wait)
-        finally:
-            self._lock.release()
-
-    def _write_locked(self, work: Callable[[Unit], T], wait: bool) -> T:
-        # The index is marked as changing once the store's write lock is held, not while
-        # waiting for it (another process's long write): lock-free readers go on meanwhile.
-        changing = False
+        """work in a write transaction, under the lock. The store's write lock is taken first,
+        so a write waiting for another process's holds no lock of this process: reads that
+        must catch up go on meanwhile (nothing takes the store's lock while holding _lock).
+        wait=False: WouldBlock, before anything is done, when either lock is taken."""
+        locked = False
         unit: Unit | None = None
         try:
             with self.store.write(wait=wait) as tx:
-                self._index_version += 1
-                changing = True
+                if not self._lock.acquire(blocking=wait):
+                    raise WouldBlock("another thread of this process holds the index")
+                locked = True
+                self._index_version += 1  # changing: lock-free readers wait or retry
                 if not self._settled():
                     self._catch_up(tx)
                 unit = Unit(tx, self.index, self._seq)
@@ -281,8 +275,9 @@ class IdentityService:
                     self._reload(tx, unit.touched)
             raise
         finally:
-            if changing:
+            if locked:
                 self._index_version += 1
+                self._lock.release()
 
     def _link_placeholders_to_later_candidates(self, u: Unit) -> None:
         """SPEC: a placeholder is linked to every best-ranked candidate of its pair, 'including

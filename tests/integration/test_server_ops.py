@@ -353,15 +353,17 @@ def test_reads_are_answered_while_another_process_holds_the_write_lock(
     with serving(f"sqlite:///{db}") as (_, stub):
         known = stub.Resolve(pb.ResolveRequest(mention="Quorbex", entity_type="tool"), timeout=T)
         other = sqlite3.connect(db, isolation_level=None)
-        other.execute("CREATE TABLE other_process (x)")  # a commit: the server must look again
+        other.execute("CREATE TABLE other_process (x)")  # a commit: reads must catch up
         other.execute("BEGIN IMMEDIATE")
         try:
-            writing = stub.Resolve.future(
-                pb.ResolveRequest(mention="Vextral Autoencoder", entity_type="method"),
-                timeout=T)
             batch = stub.ResolveBatch.future(pb.ResolveBatchRequest(
                 context_id="paper-1", mentions=[pb.Mention(mention="Quorbex",
                                                            entity_type="tool")]), timeout=T)
+            time.sleep(0.3)  # the batch waits for the lock on a server thread
+            writing = stub.Resolve.future(
+                pb.ResolveRequest(mention="Vextral Autoencoder", entity_type="method"),
+                timeout=T)
+            time.sleep(0.3)  # so does the new name's Resolve
             for _ in range(5):
                 started = time.monotonic()
                 again = stub.Resolve(pb.ResolveRequest(mention="Quorbex", entity_type="tool"),
