@@ -6,7 +6,8 @@ keeps memory each time: any client could grow the server without bound. Here a r
 does not decode becomes a marker that the handler turns into INVALID_ARGUMENT naming what was
 wrong; everything else is what the generated `add_..._to_server` functions register. Used for
 every service the server runs: IdentityService, health and reflection (the last two answer
-anyone). All three are the asyncio servicers the event loop runs.
+anyone). All three are asyncio servicers the event loop runs; a method a servicer leaves as a
+plain function (health's `List`, unimplemented in its asyncio servicer) runs on the pool.
 """
 
 from __future__ import annotations

@@ -186,7 +186,7 @@ class SqlStore:
                     raise WouldBlock("this process's other writer holds the write connection")
                 try:
                     conn = self._writer_connection()
-                    began = self._begin(conn) if wait else self._begin_at_once(conn)
+                    began = conn.begin() if wait else self._begin_at_once(conn)
                     try:
                         with began:
                             yield Tx(conn, True)
@@ -208,10 +208,6 @@ class SqlStore:
             raise
         except _operational_errors() as e:  # from a statement run on the driver's own cursor
             raise StoreUnavailable(f"identity store error: {e}") from e
-
-    @staticmethod
-    def _begin(conn: Connection) -> RootTransaction:
-        return conn.begin()
 
     def _begin_at_once(self, conn: Connection) -> RootTransaction:
         """BEGIN IMMEDIATE with no busy wait: WouldBlock when another connection writes (once
