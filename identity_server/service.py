@@ -97,6 +97,17 @@ class BatchReply:
 
 
 @dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """A ResolveBatch checked and parsed (an invalid mention is its item's error), ready for
+    `resolve_prepared`: parsing is not repeated when the write is retried elsewhere."""
+
+    context_id: str
+    parsed: list[Mention | ItemError]
+    request_hash: str | None  # identifies a repeat of the request (None: no context id)
+    lookup_only: bool
+
+
+@dataclass(frozen=True, slots=True)
 class EntityView:
     entity_id: str
     name: str
@@ -461,12 +472,20 @@ class IdentityService:
         """The rest of a Resolve `begin_resolve` deferred; it may wait on the lock."""
         if d.lookup_only:
             return self._answer(lambda: self._look(d.mention))
-        prior = d.prior
-        if prior is None and not d.context_id:
-            unchanged, prior = self._answer(lambda: self._converged_without_writes(d.mention))
-            if unchanged is not None:
-                return unchanged
-        return self._resolve_together(d.mention, d.context_id, prior)
+        looked = self.look_again(d)
+        if isinstance(looked, ResolveResult):
+            return looked
+        return self._resolve_together(looked.mention, looked.context_id, looked.prior)
+
+    def look_again(self, d: DeferredResolve) -> ResolveResult | DeferredResolve:
+        """For a writing Resolve whose lock-free look could not run (the index was changing or
+        behind the store): that look under the process lock, after catching up, but not under
+        the store's write lock, so another process's write does not hold it up. The reply when
+        nothing needs writing, else the write with the look's decision. May wait on the lock."""
+        if d.prior is not None or d.context_id or d.lookup_only:
+            return d
+        unchanged, prior = self._answer(lambda: self._converged_without_writes(d.mention))
+        return unchanged if unchanged is not None else DeferredResolve(d.mention, "", prior=prior)
 
     def resolve_deferred(self, group: Sequence[DeferredResolve], *,
                          wait: bool = True) -> list[ResolveResult]:
@@ -482,10 +501,15 @@ class IdentityService:
         return self.resolve_batch_reply(context_id, mentions, lookup_only=lookup_only).results
 
     def resolve_batch_reply(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
-                            lookup_only: bool = False, wait: bool = True) -> BatchReply:
-        """`resolve_batch`, saying whether the results are a repeated request's first reply.
-        wait=False: WouldBlock instead of waiting for a lock (see `_write`); a lookup-only
-        batch may always wait."""
+                            lookup_only: bool = False) -> BatchReply:
+        """`resolve_batch`, saying whether the results are a repeated request's first reply."""
+        return self.resolve_prepared(
+            self.prepare_batch(context_id, mentions, lookup_only=lookup_only))
+
+    def prepare_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
+                      lookup_only: bool = False) -> PreparedBatch:
+        """Check a batch and parse its mentions (no lock, no store): a bad context id or size
+        fails the whole batch, a bad mention only its own item."""
         _checked_id(context_id, "context id")
         if len(mentions) > self.config.max_batch_size:
             raise InvalidArgument(
@@ -497,13 +521,19 @@ class IdentityService:
                 parsed.append(self.parse_mention(text, etype))
             except InvalidArgument as e:
                 parsed.append(ItemError("INVALID_ARGUMENT", f"mention {i}: {e}"))
+        request_hash = (_batch_hash(context_id, mentions)
+                        if context_id and not lookup_only else None)
+        return PreparedBatch(context_id, parsed, request_hash, lookup_only)
 
-        if lookup_only:
+    def resolve_prepared(self, batch: PreparedBatch, *, wait: bool = True) -> BatchReply:
+        """Resolve a prepared batch in order, in one transaction; a repeated request gets the
+        first reply. wait=False: WouldBlock instead of waiting for a lock (see `_write`); a
+        lookup-only batch may always wait."""
+        parsed, context_id, request_hash = batch.parsed, batch.context_id, batch.request_hash
+        if batch.lookup_only:
             return BatchReply(self._answer(
                 lambda: [p if isinstance(p, ItemError) else self._look(p) for p in parsed]
             ))
-
-        request_hash = _batch_hash(context_id, mentions) if context_id else None
 
         def work(u: Unit) -> BatchReply:
             oldest_kept = u.now - self.config.batch_reply_ttl_seconds
@@ -526,7 +556,9 @@ class IdentityService:
 
     def _resolve_together(self, m: Mention, context_id: str,
                           prior: _Prior | None = None) -> ResolveResult:
-        """A writing Resolve, sharing one transaction with those queued meanwhile.
+        """A writing Resolve, sharing one transaction with those queued meanwhile: group commit
+        for in-process callers on threads (the server gathers its own writing Resolves on its
+        event loop: loop_work.GroupWriter, through `resolve_deferred`).
 
         Group commit with a leader: the first caller to find no group under way leads; callers
         arriving meanwhile queue and wait on their own event. The leader resolves everything

@@ -32,6 +32,7 @@ from identity_server.loop_work import (
     write_here_or_on_pool,
 )
 from identity_server.service import (
+    BatchReply,
     EntityView,
     IdentityService,
     ItemError,
@@ -168,36 +169,31 @@ class IdentityServicer:
         )
         if isinstance(answer, ResolveResult):
             return resolve_response(answer)
-        if answer.lookup_only or (answer.prior is None and not answer.context_id):
+        if answer.lookup_only:  # the index could not answer at once: look under the lock
+            return resolve_response(await self._off_loop(self.service.finish_resolve, answer))
+        if answer.prior is None and not answer.context_id:
             # The index could not answer at once (it is catching up, or changing): look again
             # on a thread, under the process lock but not the store's write lock, and write
             # only if that look says so.
-            return resolve_response(await self._off_loop(self.service.finish_resolve, answer))
+            looked = await self._off_loop(self.service.look_again, answer)
+            if isinstance(looked, ResolveResult):
+                return resolve_response(looked)
+            answer = looked
         return resolve_response(await self._writes.resolve(answer))
 
     @_rpc()
     async def ResolveBatch(self, request: pb.ResolveBatchRequest,
                            context: Context) -> pb.ResolveBatchResponse:
-        if not request.lookup_only and len(request.mentions) <= INLINE_BATCH_LIMIT:
-            return await write_here_or_on_pool(self._blocking, self._resolve_batch, request)
-        return await self._off_loop(self._resolve_batch, request)
+        if request.lookup_only or len(request.mentions) > INLINE_BATCH_LIMIT:
+            return batch_response(await self._off_loop(self._resolve_batch, request))
+        batch = self.service.prepare_batch(request.context_id, _mentions(request))
+        return batch_response(
+            await write_here_or_on_pool(self._blocking, self.service.resolve_prepared, batch))
 
-    def _resolve_batch(self, request: pb.ResolveBatchRequest, *,
-                       wait: bool = True) -> pb.ResolveBatchResponse:
-        reply = self.service.resolve_batch_reply(
-            request.context_id,
-            [(m.mention, m.entity_type) for m in request.mentions],
-            lookup_only=request.lookup_only, wait=wait,
-        )
-        out = pb.ResolveBatchResponse(replayed=reply.replayed)
-        for r in reply.results:
-            item = out.results.add()
-            if isinstance(r, ItemError):
-                item.error.code = grpc.StatusCode[r.code].value[0]
-                item.error.message = r.message
-            else:
-                item.resolved.CopyFrom(resolve_response(r))
-        return out
+    def _resolve_batch(self, request: pb.ResolveBatchRequest) -> BatchReply:
+        """A whole batch on a pool thread (parsing a large one would hold up the loop too)."""
+        return self.service.resolve_prepared(self.service.prepare_batch(
+            request.context_id, _mentions(request), lookup_only=request.lookup_only))
 
     @_rpc()
     async def GetEntity(self, request: pb.GetEntityRequest,
@@ -336,6 +332,22 @@ def _json(detail: dict[str, Any]) -> str:
 
 def _rfc3339(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e6):06d}Z"
+
+
+def _mentions(request: pb.ResolveBatchRequest) -> list[tuple[str, str]]:
+    return [(m.mention, m.entity_type) for m in request.mentions]
+
+
+def batch_response(reply: BatchReply) -> pb.ResolveBatchResponse:
+    out = pb.ResolveBatchResponse(replayed=reply.replayed)
+    for r in reply.results:
+        item = out.results.add()
+        if isinstance(r, ItemError):
+            item.error.code = grpc.StatusCode[r.code].value[0]
+            item.error.message = r.message
+        else:
+            item.resolved.CopyFrom(resolve_response(r))
+    return out
 
 
 def resolve_response(r: ResolveResult) -> pb.ResolveResponse:

@@ -345,19 +345,36 @@ def _read_line(stream: Any, timeout: float) -> str:
 
 
 def test_reads_are_answered_while_another_process_holds_the_write_lock(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The server writes on its event loop only when nothing is in the way: while another
     connection (another process, say an import) holds SQLite's write lock, a Resolve that
-    writes waits for it on a thread, and Resolves the index answers go on being answered."""
+    writes waits for it on a thread, and Resolves the index answers go on being answered.
+    The waiting writes take the same road as the others: the Resolve joins the event loop's
+    write queue (not the in-process callers' group commit), and the batch, tried on the loop
+    first, is not parsed a second time on its thread."""
     db = tmp_path / "shared.sqlite"
-    with serving(f"sqlite:///{db}") as (_, stub):
+    with serving(f"sqlite:///{db}") as (running, stub):
+        service = running.service
+
+        def not_for_the_server(*args: object) -> None:
+            raise AssertionError("the server's writing Resolves go through its GroupWriter")
+
+        parsed: list[str] = []
+        parse = service.parse_mention
+
+        def counting_parse(mention: str, entity_type: str) -> Any:
+            parsed.append(mention)
+            return parse(mention, entity_type)
+
+        monkeypatch.setattr(service, "_resolve_together", not_for_the_server)
+        monkeypatch.setattr(service, "parse_mention", counting_parse)
         known = stub.Resolve(pb.ResolveRequest(mention="Quorbex", entity_type="tool"), timeout=T)
         other = sqlite3.connect(db, isolation_level=None)
         other.execute("CREATE TABLE other_process (x)")  # a commit: reads must catch up
         other.execute("BEGIN IMMEDIATE")
         try:
             batch = stub.ResolveBatch.future(pb.ResolveBatchRequest(
-                context_id="paper-1", mentions=[pb.Mention(mention="Quorbex",
+                context_id="paper-1", mentions=[pb.Mention(mention="QUORBEX",
                                                            entity_type="tool")]), timeout=T)
             time.sleep(0.3)  # the batch waits for the lock on a server thread
             writing = stub.Resolve.future(
@@ -377,6 +394,7 @@ def test_reads_are_answered_while_another_process_holds_the_write_lock(
         made = writing.result(timeout=T)
         assert made.created and made.match_kind == pb.NEW
         assert batch.result(timeout=T).results[0].resolved.entity_id == known.entity_id
+        assert parsed.count("QUORBEX") == 1
 
 
 def test_stop_ends_open_streams_and_returns(db_url: str) -> None:

@@ -17,7 +17,7 @@ from identity_server.domain import Entity, MatchKind, Name, NameKind, Status
 from identity_server.errors import StoreUnavailable
 from identity_server.index import NameIndex
 from identity_server.matching import Outcome
-from identity_server.service import DeferredResolve, IdentityService
+from identity_server.service import DeferredResolve, IdentityService, ResolveResult
 from identity_server.store.sql import ChangeRecord, SqlStore, WouldBlock
 
 
@@ -50,6 +50,34 @@ def test_a_decision_made_before_the_index_changed_is_made_again(
     # Reusing the stale NEW decision would have made a second entity.
     assert (again.entity_id, again.created, again.match_kind) == (
         first.entity_id, False, MatchKind.EXACT)
+
+
+def test_looking_again_answers_a_repeat_and_hands_a_write_its_decision(
+    service: IdentityService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """look_again (a Resolve whose lock-free look could not run): a mention that needs no write
+    is answered; one that does comes back with the decision, which the write then reuses."""
+    made = service.resolve("Quorbex Transformer", "method")
+    repeat = service.look_again(DeferredResolve(service.parse_mention("Quorbex Transformer",
+                                                                      "method"), ""))
+    assert isinstance(repeat, ResolveResult)
+    assert (repeat.entity_id, repeat.match_kind) == (made.entity_id, MatchKind.EXACT)
+    calls = []
+    real = service_module.decide
+
+    def counting(*args: object) -> object:
+        calls.append(args[1])
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service_module, "decide", counting)
+    m = service.parse_mention("QUORBEX transformer", "method")
+    deferred = service.look_again(DeferredResolve(m, ""))
+    assert isinstance(deferred, DeferredResolve) and deferred.prior is not None
+    (written,) = service.resolve_deferred([deferred])
+    assert (written.entity_id, written.match_kind) == (made.entity_id, MatchKind.CASE)
+    assert calls == ["QUORBEX transformer"]  # decided once, by the look
+    with_context = DeferredResolve(m, "paper-1")  # evidence to record: nothing to look for
+    assert service.look_again(with_context) is with_context
 
 
 def test_index_generation_moves_on_put_and_discard() -> None:
