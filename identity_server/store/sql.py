@@ -12,6 +12,7 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -78,6 +79,10 @@ def ordered_pair(x: str, y: str) -> tuple[str, str]:
 
 
 _CLOSE_WAIT_S = 5.0  # close() waits this long for a write in progress
+# A write waiting for another connection's lock asks SQLite to wait this long at a time, up to
+# the busy timeout: SQLite's own wait cannot be cut short, and a store that closes meanwhile
+# must not keep a thread waiting for a minute.
+_WAIT_SLICE_S = 0.25
 
 
 class WouldBlock(Exception):
@@ -119,9 +124,9 @@ class SqlStore:
             raise StoreUnavailable(f"cannot open the identity store at {_safe(url)}: {e}") from e
 
     def close(self) -> None:
-        """Close the store; no write starts after this. A write in progress gets a few seconds
-        to finish; one still waiting then for another process's lock (its caller is gone: the
-        server is stopping) is left to run out its busy timeout and fail on its own."""
+        """Close the store; no write starts after this, and one waiting for another process's
+        write lock gives up within a quarter second. A write in progress gets a few seconds to
+        finish; one still running then is left to fail on its own."""
         self._closing = True
         if self._checkpointer is not None:
             self._checkpointer.close()
@@ -133,8 +138,8 @@ class SqlStore:
             finally:
                 self._writer_lock.release()
         else:
-            logger.warning("closing the store while a write still waits for another process's "
-                           "write lock; it fails when its busy timeout runs out")
+            logger.warning("closing the store while a write is still under way after %.0f s",
+                           _CLOSE_WAIT_S)
         self.engine.dispose()
 
     def commit_marker(self) -> int | None:
@@ -186,7 +191,7 @@ class SqlStore:
                     raise WouldBlock("this process's other writer holds the write connection")
                 try:
                     conn = self._writer_connection()
-                    began = conn.begin() if wait else self._begin_at_once(conn)
+                    began = self._begin_waiting(conn) if wait else self._begin_at_once(conn)
                     try:
                         with began:
                             yield Tx(conn, True)
@@ -218,9 +223,31 @@ class SqlStore:
         try:
             return conn.begin()
         except (sqlite3.OperationalError, OperationalError) as e:
-            if "locked" in str(e) or "busy" in str(e):
+            if _locked(e):
                 raise WouldBlock("another connection holds the store's write lock") from e
             raise
+        finally:
+            driver.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+
+    def _begin_waiting(self, conn: Connection) -> RootTransaction:
+        """BEGIN IMMEDIATE, waiting up to the busy timeout for another connection's write lock,
+        a slice at a time: once the store is closing, the wait ends within a slice (then
+        StoreUnavailable), instead of running out the whole timeout on a thread nobody waits
+        for (SQLite's own wait cannot be cut short). Statements inside the transaction keep the
+        whole busy timeout."""
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        deadline = time.monotonic() + self._busy_timeout_s
+        driver.execute(f"PRAGMA busy_timeout={int(min(self._busy_timeout_s, _WAIT_SLICE_S) * 1000)}")
+        try:
+            while True:
+                try:
+                    return conn.begin()
+                except (sqlite3.OperationalError, OperationalError) as e:
+                    if not _locked(e) or time.monotonic() >= deadline:
+                        raise
+                    if self._closing:
+                        raise StoreUnavailable("the identity store is closing") from e
         finally:
             driver.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
 
@@ -240,6 +267,11 @@ class SqlStore:
                 conn.close()
             except SQLAlchemyError:  # pragma: no cover - closing a broken connection
                 logger.warning("closing the store's write connection failed", exc_info=True)
+
+
+def _locked(e: Exception) -> bool:
+    """Whether a SQLite error says another connection holds the lock (SQLITE_BUSY)."""
+    return "locked" in str(e) or "busy" in str(e)
 
 
 def _sqlite_file(url: str) -> str | None:

@@ -149,6 +149,41 @@ def test_a_busy_store_is_unavailable_and_the_next_write_works(tmp_path: Path) ->
         assert _seqs(db) == [1, 3]
 
 
+def test_a_write_waiting_for_another_process_takes_the_lock_when_freed_or_ends_on_close(
+        tmp_path: Path) -> None:
+    """A write waits, past SQLite's single busy wait (a quarter second), for another
+    connection's write lock and commits once it is released; a write still waiting when the
+    store closes ends with StoreUnavailable at once, not after the 30 s busy timeout."""
+    with _store(tmp_path, busy_timeout_s=30.0) as (store, db):
+        _commit(store, 1)
+        other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")
+        threading.Timer(0.8, lambda: other.execute("ROLLBACK")).start()
+        _commit(store, 2)  # waited through several slices, then committed
+        assert _seqs(db) == [1, 2]
+        other.execute("BEGIN IMMEDIATE")
+        outcome: list[BaseException] = []
+
+        def waiting_write() -> None:
+            try:
+                _commit(store, 3)
+            except BaseException as e:  # the outcome is what the test checks
+                outcome.append(e)
+
+        writer = threading.Thread(target=waiting_write)
+        writer.start()
+        time.sleep(0.4)
+        assert writer.is_alive()  # waiting for the other connection
+        started = time.monotonic()
+        store.close()
+        writer.join(10)
+        assert not writer.is_alive() and time.monotonic() - started < 2
+        assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailable)
+        other.execute("ROLLBACK")
+        other.close()
+        assert _seqs(db) == [1, 2]
+
+
 def test_a_write_that_must_not_wait_says_so_at_once_and_leaves_the_store_working(
         tmp_path: Path) -> None:
     """write(wait=False) raises WouldBlock, without waiting out the busy timeout, while another
