@@ -228,7 +228,8 @@ class NameIndex:
             remove(self._by_key, k, eid)
         for k in new - old:
             add(self._by_key, k, eid)
-        self._file_anchors(eid, after)
+        # Only names new in this role can be anchors not yet filed: nothing is ever unfiled.
+        self._file_anchors(eid, tuple(n for n in after if n not in before))
 
     def _index_new(self, eid: str, names: tuple[Name, ...]) -> None:
         for n in names:

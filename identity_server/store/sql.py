@@ -466,7 +466,7 @@ class Tx:
                 .where(t.names.c.kind != RETIRED)
             )
             for nr in name_rows:
-                names[nr.entity_id].append(Name(nr.display, NameKind(nr.kind), nr.position))
+                names[nr.entity_id].append(Name(nr.display, _KINDS[nr.kind], nr.position))
             for eid, r in entity_rows.items():
                 out[eid] = _entity(r, names[eid])
         return out
@@ -735,8 +735,12 @@ class Tx:
         self.conn.execute(t.batch_replies.delete().where(t.batch_replies.c.created_at < before))
 
 
+_KINDS = {k.value: k for k in NameKind}  # a dict lookup: Enum's call is ~3 µs a row
+_STATUSES = {st.value: st for st in Status}
+
+
 def _entity(r: Any, found: list[Name]) -> Entity:
-    status = Status(r.status)
+    status = _STATUSES[r.status]
     return Entity(
         entity_id=r.entity_id,
         entity_type=r.entity_type,
