@@ -228,8 +228,7 @@ class NameIndex:
             remove(self._by_key, k, eid)
         for k in new - old:
             add(self._by_key, k, eid)
-        # Only names new in this role can be anchors not yet filed: nothing is ever unfiled.
-        self._file_anchors(eid, tuple(n for n in after if n not in before))
+        self._file_anchors(eid, after)
 
     def _index_new(self, eid: str, names: tuple[Name, ...]) -> None:
         for n in names:
