@@ -21,18 +21,24 @@ from identity_server.service import DeferredResolve, IdentityService, ResolveRes
 from identity_server.store.sql import ChangeRecord, SqlStore, WouldBlock
 
 
+def _count_decisions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The mentions the service decides from now on, in order."""
+    calls: list[str] = []
+    real = service_module.decide
+
+    def counting(*args: object) -> object:
+        calls.append(args[1])  # type: ignore[arg-type]
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service_module, "decide", counting)
+    return calls
+
+
 def test_a_write_reuses_the_decision_its_lock_free_look_made(
     service: IdentityService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     made = service.resolve("Quorbex Transformer", "method")
-    calls = []
-    real = service_module.decide
-
-    def counting(*args: object) -> object:
-        calls.append(args[1])
-        return real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(service_module, "decide", counting)
+    calls = _count_decisions(monkeypatch)
     r = service.resolve("QUORBEX transformer", "method")  # a new surface form: a write
     assert (r.entity_id, r.match_kind) == (made.entity_id, MatchKind.CASE)
     assert calls == ["QUORBEX transformer"]  # decided once, not again under the write lock
@@ -62,14 +68,7 @@ def test_looking_again_answers_a_repeat_and_hands_a_write_its_decision(
                                                                       "method"), ""))
     assert isinstance(repeat, ResolveResult)
     assert (repeat.entity_id, repeat.match_kind) == (made.entity_id, MatchKind.EXACT)
-    calls = []
-    real = service_module.decide
-
-    def counting(*args: object) -> object:
-        calls.append(args[1])
-        return real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(service_module, "decide", counting)
+    calls = _count_decisions(monkeypatch)
     m = service.parse_mention("QUORBEX transformer", "method")
     deferred = service.look_again(DeferredResolve(m, ""))
     assert isinstance(deferred, DeferredResolve) and deferred.prior is not None
