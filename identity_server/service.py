@@ -103,7 +103,7 @@ class PreparedBatch:
 
     context_id: str
     parsed: list[Mention | ItemError]
-    request_hash: str | None  # identifies a repeat of the request (None: no context id)
+    request_hash: str | None  # identifies a repeat (None: no context id, or lookup-only)
     lookup_only: bool
 
 

@@ -83,6 +83,9 @@ _CLOSE_WAIT_S = 5.0  # close() waits this long for a write in progress
 # the busy timeout: SQLite's own wait cannot be cut short, and a store that closes meanwhile
 # must not keep a thread waiting for a minute.
 _WAIT_SLICE_S = 0.25
+# Stored values to enums by dict lookup (Enum's own call costs ~3 µs a row read).
+_KINDS = {k.value: k for k in NameKind}
+_STATUSES = {st.value: st for st in Status}
 
 
 class WouldBlock(Exception):
@@ -227,7 +230,7 @@ class SqlStore:
                 raise WouldBlock("another connection holds the store's write lock") from e
             raise
         finally:
-            driver.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+            driver.execute(self._full_busy_timeout)
 
     def _begin_waiting(self, conn: Connection) -> RootTransaction:
         """BEGIN IMMEDIATE, waiting up to the busy timeout for another connection's write lock,
@@ -249,7 +252,12 @@ class SqlStore:
                     if self._closing:
                         raise StoreUnavailable("the identity store is closing") from e
         finally:
-            driver.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+            driver.execute(self._full_busy_timeout)
+
+    @property
+    def _full_busy_timeout(self) -> str:
+        """The PRAGMA that gives statements back the whole busy timeout after a BEGIN."""
+        return f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}"
 
     def _writer_connection(self) -> Connection:
         """The kept SQLite write connection (under _writer_lock), opened on first use."""
@@ -485,8 +493,7 @@ class Tx:
         name_rows = self._stream(
             "SELECT entity_id, display, kind, position FROM names "
             f"WHERE kind <> 'retired' ORDER BY {order}", batch, "load_names")
-        kinds = {k.value: k for k in NameKind}
-        statuses = {st.value: st for st in Status}
+        kinds, statuses = _KINDS, _STATUSES  # locals: read once a row
         types: dict[str, str] = {}  # one string per type, not one per entity
         pending = next(name_rows, None)
         for eid, ordinal, entity_type, status_text, placeholder, redirect_to in entity_rows:
@@ -733,10 +740,6 @@ class Tx:
 
     def purge_batch_replies(self, *, before: float) -> None:
         self.conn.execute(t.batch_replies.delete().where(t.batch_replies.c.created_at < before))
-
-
-_KINDS = {k.value: k for k in NameKind}  # a dict lookup: Enum's call is ~3 µs a row
-_STATUSES = {st.value: st for st in Status}
 
 
 def _entity(r: Any, found: list[Name]) -> Entity:
