@@ -79,12 +79,16 @@ def _guarded(method: str, message: type[Message], behaviour: Callable[..., Any],
 def _guarded_async(method: str, message: type[Message], behaviour: Callable[..., Any],
                    client_streaming: bool) -> Callable[..., Any]:
     """`_guarded` for handlers the event loop runs itself (coroutines and async generators)."""
+
+    async def refuse_undecodable(request: Any, context: Any) -> None:
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                _complaint(method, message, request))
+
     if client_streaming:
         async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
             async for request in requests:
-                if isinstance(request, Undecodable):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                        _complaint(method, message, request))
+                await refuse_undecodable(request, context)
                 yield request
 
         if inspect.isasyncgenfunction(behaviour):  # a stream both ways (reflection)
@@ -100,17 +104,13 @@ def _guarded_async(method: str, message: type[Message], behaviour: Callable[...,
 
     if inspect.isasyncgenfunction(behaviour):
         async def unary_to_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            if isinstance(request, Undecodable):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    _complaint(method, message, request))
+            await refuse_undecodable(request, context)
             async for response in behaviour(request, context):
                 yield response
         return unary_to_stream
 
     async def unary(request: Any, context: Any) -> Any:
-        if isinstance(request, Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                _complaint(method, message, request))
+        await refuse_undecodable(request, context)
         return await behaviour(request, context)
     return unary
 

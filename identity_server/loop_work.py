@@ -23,6 +23,12 @@ _STREAM_POLL_S = 1.0  # how often a thread waiting on a request stream checks th
 _END_SETTLE_S = 0.05  # how long the end of a request stream waits for news of a cancel
 
 
+async def on_pool(blocking: futures.Executor, work: Callable[..., T], *args: Any) -> T:
+    """work(*args) on a blocking-pool thread, where it may wait (locks, the store)."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(blocking, functools.partial(work, *args))
+
+
 async def write_here_or_on_pool(blocking: futures.Executor, write: Callable[..., T],
                                 *args: Any) -> T:
     """write(*args, wait=False) right here on the loop; if it would have had to wait (it raised
@@ -30,8 +36,7 @@ async def write_here_or_on_pool(blocking: futures.Executor, write: Callable[...,
     try:
         return write(*args, wait=False)
     except WouldBlock:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(blocking, functools.partial(write, *args))
+        return await on_pool(blocking, write, *args)
 
 
 class GroupWriter:
@@ -115,4 +120,4 @@ def blocking_iterator(messages: AsyncIterator[M], loop: asyncio.AbstractEventLoo
         yield message  # type: ignore[misc]
 
 
-__all__ = ["CallEnded", "GroupWriter", "blocking_iterator", "write_here_or_on_pool"]
+__all__ = ["CallEnded", "GroupWriter", "blocking_iterator", "on_pool", "write_here_or_on_pool"]

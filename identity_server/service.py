@@ -158,9 +158,7 @@ class _Pending:
     """One Resolve waiting for a shared transaction, and what became of it. `done` is set when
     its result or error is in, or when the leader hands it the lead (both still None)."""
 
-    mention: Mention
-    context_id: str
-    prior: _Prior | None = None
+    resolve: DeferredResolve
     result: ResolveResult | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -475,7 +473,7 @@ class IdentityService:
         looked = self.look_again(d)
         if isinstance(looked, ResolveResult):
             return looked
-        return self._resolve_together(looked.mention, looked.context_id, looked.prior)
+        return self._resolve_together(looked)
 
     def look_again(self, d: DeferredResolve) -> ResolveResult | DeferredResolve:
         """For a writing Resolve whose lock-free look could not run (the index was changing or
@@ -554,8 +552,7 @@ class IdentityService:
 
         return self._write(work, wait=wait)
 
-    def _resolve_together(self, m: Mention, context_id: str,
-                          prior: _Prior | None = None) -> ResolveResult:
+    def _resolve_together(self, d: DeferredResolve) -> ResolveResult:
         """A writing Resolve, sharing one transaction with those queued meanwhile: group commit
         for in-process callers on threads (the server gathers its own writing Resolves on its
         event loop: loop_work.GroupWriter, through `resolve_deferred`).
@@ -568,7 +565,7 @@ class IdentityService:
         catch-up query and the commit are paid once per group instead of once per call, and a
         finished caller returns at once instead of queueing for the lock behind the next group.
         """
-        mine = _Pending(m, context_id, prior)
+        mine = _Pending(d)
         with self._waiting_lock:
             self._waiting.append(mine)
             lead = not self._leading
@@ -589,10 +586,7 @@ class IdentityService:
         with self._waiting_lock:
             group, self._waiting = self._waiting, []
         try:
-            results = self._write(
-                lambda u: [self._resolve_linking(u, p.mention, p.context_id, p.prior)
-                           for p in group]
-            )
+            results = self.resolve_deferred([p.resolve for p in group])
             for p, result in zip(group, results, strict=True):
                 p.result = result
         except BaseException as e:

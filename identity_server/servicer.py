@@ -29,6 +29,7 @@ from identity_server.loop_work import (
     CallEnded,
     GroupWriter,
     blocking_iterator,
+    on_pool,
     write_here_or_on_pool,
 )
 from identity_server.service import (
@@ -144,8 +145,7 @@ class IdentityServicer:
 
     async def _off_loop(self, work: Callable[..., T], *args: Any) -> T:
         """work(*args) on the blocking pool (it may wait on locks or the store)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._blocking, functools.partial(work, *args))
+        return await on_pool(self._blocking, work, *args)
 
     def _check_admin(self, context: Context) -> None:
         if not self.admin_token:

@@ -52,7 +52,7 @@ def test_a_decision_made_before_the_index_changed_is_made_again(
     unchanged, prior = service._converged_without_writes(m)
     assert unchanged is None and prior.decision.outcome is Outcome.NEW
     first = service.resolve("Vextral Autoencoder", "method")  # the index changes meanwhile
-    again = service._resolve_together(m, "", prior)
+    again = service._resolve_together(DeferredResolve(m, "", prior))
     # Reusing the stale NEW decision would have made a second entity.
     assert (again.entity_id, again.created, again.match_kind) == (
         first.entity_id, False, MatchKind.EXACT)
@@ -292,11 +292,11 @@ def _queue_behind_a_held_leader(
     groups: list[int] = []
     real_write = service._write
 
-    def held_write(work):  # type: ignore[no-untyped-def]
+    def held_write(work, **options):  # type: ignore[no-untyped-def]
         groups.append(len(service._waiting))  # nothing queued at the start of a group's write
         if len(groups) == 1:
             assert gate.wait(10)
-        return real_write(work)
+        return real_write(work, **options)
 
     monkeypatch.setattr(service, "_write", held_write)
     outcomes: list[object] = [None] * (len(mentions) + 1)
