@@ -11,6 +11,7 @@ in the background, once enough anchors have been filed since (`begin_typo_pack`)
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection, Iterable, Iterator
 
 from identity_server.domain import Entity, Name, NameKind, Status
@@ -18,6 +19,9 @@ from identity_server.multimap import MultiMap, add, remove, values
 from identity_server.typo_table import DeletionVariantTable, OverlayPack, deletion_variants
 
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
+# How many changes the index remembers the names of (`changed_since`): enough for a group of
+# writes, few enough that looking through them costs less than deciding again.
+JOURNAL_LENGTH = 32
 # A typo pack is due when the overlay holds this share of the packed anchors (and the service's
 # floor): an overlay anchor costs ~10x a packed one, a pack costs a pass over the packed array.
 _PACK_SHARE = 64
@@ -46,6 +50,9 @@ class NameIndex:
         # Deletion variants of live placeholders' pair keys (4+ characters) -> placeholder ids:
         # an entity whose anchors share none cannot be a new candidate of a pair at rule 4.
         self._placeholder_variants: MultiMap = {}
+        # The names before and after of the latest puts and discards, one entry a generation.
+        self._journal: deque[tuple[tuple[Name, ...], tuple[Name, ...]]] = deque(
+            maxlen=JOURNAL_LENGTH)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -67,6 +74,16 @@ class NameIndex:
         """Changes whenever an entity is put or discarded, so a caller can tell whether a
         decision made earlier still stands (packing the typo table changes no answer)."""
         return self._generation
+
+    def changed_since(self, generation: int) -> list[tuple[Name, ...]] | None:
+        """The names, before and after, of every entity put or discarded since `generation`
+        (a merged entity has none): whatever those changes can have changed a lookup's answer
+        about is among them. None when the index no longer remembers that far back."""
+        behind = self._generation - generation
+        if not 0 <= behind <= len(self._journal):
+            return None
+        journal = self._journal
+        return [names for i in range(1, behind + 1) for names in journal[-i]]
 
     def live(self, entity_id: str) -> Entity | None:
         """The entity at the end of entity_id's redirect chain (itself when not merged)."""
@@ -138,9 +155,12 @@ class NameIndex:
         after = entity.names if entity.status is not Status.MERGED else ()
         if old is None:
             self._index_new(eid, after)  # the start-up path: nothing to compare
+            if self._bulk_anchors is None:
+                self._journal.append(((), after))
         else:
             before = old.names if old.status is not Status.MERGED else ()
             self._reindex(eid, before, after)
+            self._journal.append((before, after))
         self._max_ordinal = max(self._max_ordinal, entity.ordinal)
 
     def put_many(self, entities: Iterable[Entity]) -> None:
@@ -154,6 +174,7 @@ class NameIndex:
             raise ValueError("load() fills an empty index; use put() to change one")
         anchors: list[str] = []
         self._bulk_anchors = anchors
+        self._journal.clear()  # load() journals nothing: changed_since() before it says None
         try:
             self.put_many(entities)
         finally:
@@ -194,6 +215,9 @@ class NameIndex:
         self._file_placeholder(old, -1)
         if old is not None and old.status is not Status.MERGED:
             self._reindex(entity_id, old.names, ())
+            self._journal.append((old.names, ()))
+        else:
+            self._journal.append(((), ()))
 
     def _file_placeholder(self, entity: Entity | None, step: int) -> None:
         """Count a live placeholder's keys in (step 1) or out (step -1), and file or unfile the

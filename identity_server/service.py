@@ -40,7 +40,7 @@ from identity_server.errors import (
     StoreUnavailable,
 )
 from identity_server.index import NameIndex
-from identity_server.matching import Decision, Outcome, decide, pair_candidates
+from identity_server.matching import Decision, Outcome, decide, pair_candidates, still_stands
 from identity_server.normalize import display_form, key, warm_up
 from identity_server.store.sql import ChangeRecord, LinkRow, SqlStore, Tx, WouldBlock
 from identity_server.unit import CURATOR, DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
@@ -134,7 +134,8 @@ class ImportReport:
 @dataclass(frozen=True, slots=True)
 class _Prior:
     """A decision already made for a mention, and the index generation it was made at: it
-    stands while the index has not changed since (decide() is a function of the index)."""
+    stands while no entity that could be one of its candidates has changed since (decide() is
+    a function of the index; see matching.still_stands)."""
 
     decision: Decision
     index: NameIndex
@@ -612,9 +613,8 @@ class IdentityService:
 
     def _resolve(self, u: Unit, m: Mention, context_id: str,
                  prior: _Prior | None = None) -> ResolveResult:
-        if (prior is not None and prior.index is self.index
-                and prior.generation == self.index.generation):
-            d = prior.decision  # made by this call's lock-free look, and the index is unchanged
+        if prior is not None and self._stands(prior, m):
+            d = prior.decision  # made by this call's lock-free look, and still what it says
         else:
             d = decide(self.index, m.display, m.entity_type)
         if logger.isEnabledFor(logging.DEBUG):
@@ -656,6 +656,18 @@ class IdentityService:
         entity = self._record_evidence(u, entity, m, context_id)
         matched = d.best[0].matched_name if d.best else ""
         return _result(entity, MatchKind.NEW, True, linked, candidates, matched, m)
+
+    def _stands(self, prior: _Prior, m: Mention) -> bool:
+        """Whether the lock-free look's decision is what deciding now would give: the index is
+        the one it looked at, and nothing changed since, or only entities that could not be
+        candidates of the mention (the writes grouped before it are mostly of other names)."""
+        index = self.index
+        if prior.index is not index:
+            return False
+        if prior.generation == index.generation:
+            return True
+        changed = index.changed_since(prior.generation)
+        return changed is not None and still_stands(prior.decision, key(m.display), changed)
 
     def _converged_without_writes(self, m: Mention) -> tuple[ResolveResult | None, _Prior]:
         """The reply when resolving m would write nothing (no surface form, type or evidence),

@@ -1,5 +1,6 @@
-"""The write path's shortcuts stay right: a Resolve reuses its lock-free decision only while the
-index is unchanged, and the SQLite store's kept write connection survives failures."""
+"""The write path's shortcuts stay right: a Resolve reuses its lock-free decision only while
+nothing that could change it has changed, and the SQLite store's kept write connection survives
+failures."""
 
 from __future__ import annotations
 
@@ -56,6 +57,25 @@ def test_a_decision_made_before_the_index_changed_is_made_again(
     # Reusing the stale NEW decision would have made a second entity.
     assert (again.entity_id, again.created, again.match_kind) == (
         first.entity_id, False, MatchKind.EXACT)
+
+
+def test_a_group_reuses_decisions_the_writes_before_them_cannot_have_changed(
+    service: IdentityService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a group of writes, a mention keeps its lock-free decision when the writes ahead of
+    it touched only unrelated names, and is decided again when one of them made a candidate."""
+    looked = [service.begin_resolve(text, "method") for text in (
+        "Quorbex Lattice", "Vextral Autoencoder", "Quorbex Latice", "Zintrop Mesh")]
+    assert all(isinstance(d, DeferredResolve) and d.prior is not None for d in looked)
+    calls = _count_decisions(monkeypatch)
+    first, unrelated, typo, last = service.resolve_deferred(looked)  # type: ignore[arg-type]
+    # "Quorbex Latice" looked before "Quorbex Lattice" existed (NEW); the group made it first,
+    # so deciding again finds it by a typo instead of making a second entity.
+    assert calls == ["Quorbex Latice"]
+    assert (typo.entity_id, typo.match_kind, typo.created) == (
+        first.entity_id, MatchKind.TYPO, False)
+    assert all(r.created for r in (first, unrelated, last))
+    assert len({first.entity_id, unrelated.entity_id, last.entity_id}) == 3
 
 
 def test_looking_again_answers_a_repeat_and_hands_a_write_its_decision(
