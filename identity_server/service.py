@@ -191,7 +191,7 @@ class IdentityService:
         # Odd while a thread changes the index (always under _lock), so a reader that ran
         # without the lock can tell whether what it read may be torn (see _answer).
         self._index_version = 0
-        self._settled_marker: int | None = None  # store.commit_marker() the index is current at
+        self._settled_marker: bytes | None = None  # store.commit_marker() the index is current at
         self._waiting: list[_Pending] = []  # resolves queued for the next shared transaction
         self._leading = False  # a thread is resolving a group (under _waiting_lock)
         self._waiting_lock = threading.Lock()

@@ -5,6 +5,8 @@ failures."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import identity_server.service as service_module
+import identity_server.store.sql as sql_module
 from identity_server.domain import Entity, MatchKind, Name, NameKind, Status
 from identity_server.errors import StoreUnavailable
 from identity_server.index import NameIndex
@@ -129,10 +132,16 @@ def _seqs(path: Path) -> list[int]:
         return [r[0] for r in con.execute("SELECT seq FROM changes ORDER BY seq")]
 
 
-def test_commit_state_is_the_marker_and_the_newest_sequence_together(tmp_path: Path) -> None:
-    """The marker moves on every commit, from this store's writer or another process's, and
-    comes with the sequence number it stands for."""
+@pytest.mark.parametrize("mapped", [True, False], ids=["wal-index mapped", "PRAGMA"])
+def test_commit_state_is_the_marker_and_the_newest_sequence_together(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: bool) -> None:
+    """The marker moves on every commit, from this store's writer, another connection or
+    another process, whether read from the mapped wal-index or asked of SQLite; reads move it
+    not; it comes with the newest sequence number."""
+    if not mapped:
+        monkeypatch.setattr(sql_module, "_map_wal_index_header", lambda *_: None)
     with _store(tmp_path) as (store, db):
+        assert (store._wal_header is not None) is mapped
         before, last = store.commit_state()
         assert before is not None and last == 0
         _commit(store, 1)
@@ -144,6 +153,17 @@ def test_commit_state_is_the_marker_and_the_newest_sequence_together(tmp_path: P
         moved, last = store.commit_state()
         assert (moved not in (before, after), last) == (True, 2)
         assert store.commit_state() == (moved, 2)  # nothing committed since: unchanged
+        with sqlite3.connect(db) as reader:  # reading commits nothing
+            reader.execute("SELECT count(*) FROM changes").fetchone()
+        assert store.commit_marker() == moved
+        # Another process's commit that adds no change (evidence alone) moves it too.
+        subprocess.run([sys.executable, "-c", (
+            "import sqlite3, sys; con = sqlite3.connect(sys.argv[1]); "
+            "con.execute(\"INSERT INTO evidence (entity_id, context_id, surface, raw_type, "
+            "count) VALUES ('P2', 'paper-1', 'n2', '', 1)\"); con.commit()"), str(db)],
+            check=True, timeout=60)
+        assert store.commit_state() == (store.commit_marker(), 2)
+        assert store.commit_marker() != moved
 
 
 def test_the_kept_write_connection_survives_a_failed_write(tmp_path: Path) -> None:
