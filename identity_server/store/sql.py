@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap
-import os
 import sqlite3
 import threading
 import time
@@ -40,16 +38,13 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.errors import StoreUnavailable
 from identity_server.store import schema as t
+from identity_server.store.wal_index import WalIndexHeader
 
 logger = logging.getLogger(__name__)
 
 _PG_LOCK_KEY = 0x1D_E7_17  # the advisory lock that serialises identity writes
 RETIRED = "retired"
 WAL_SIZE_LIMIT = 64 * 1024 * 1024  # a WAL file bigger than this is cut back when it starts over
-# The wal-index header at the start of a WAL database's -shm file: two copies of a 48-byte
-# record that every commit rewrites (https://www.sqlite.org/walformat.html, "The WAL-Index
-# Header"; the same bytes `PRAGMA data_version` is derived from).
-WAL_INDEX_HEADER_BYTES = 96
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +103,7 @@ class SqlStore:
         self._busy_timeout_s = busy_timeout_s
         self._closing = False
         self._watch: sqlite3.Connection | None = None
-        self._wal_header: mmap.mmap | None = None
+        self._wal_header: WalIndexHeader | None = None
         self._checkpointer: _Checkpointer | None = None
         self._watch_lock = threading.Lock()
         # SQLite: one connection kept for every write of this process (writes are serialised
@@ -129,7 +124,7 @@ class SqlStore:
             t.metadata.create_all(self.engine)
             if database is not None:
                 self._watch = _side_connection(database)
-                self._wal_header = _map_wal_index_header(database, self._watch)
+                self._wal_header = WalIndexHeader.open(database, self._watch)
                 self._checkpointer = _Checkpointer(database, checkpoint_every_s)
         except (SQLAlchemyError, sqlite3.Error) as e:
             raise StoreUnavailable(f"cannot open the identity store at {_safe(url)}: {e}") from e
@@ -142,8 +137,6 @@ class SqlStore:
         if self._checkpointer is not None:
             self._checkpointer.close()
         header, self._wal_header = self._wal_header, None
-        if header is not None:
-            header.close()
         if self._watch is not None:
             self._watch.close()
         if self._writer_lock.acquire(timeout=_CLOSE_WAIT_S):
@@ -154,7 +147,10 @@ class SqlStore:
         else:
             logger.warning("closing the store while a write is still under way after %.0f s",
                            _CLOSE_WAIT_S)
+            header = None  # its file stays open while that write's connection may be
         self.engine.dispose()
+        if header is not None:  # last: every connection of this store is closed
+            header.close()
 
     def commit_marker(self) -> bytes | None:
         """A value that changes whenever anything is committed, or None when the store cannot
@@ -166,7 +162,7 @@ class SqlStore:
         commits."""
         header = self._wal_header
         if header is not None:
-            return header[:WAL_INDEX_HEADER_BYTES]
+            return header.read()
         if self._watch is None:
             return None
         with self._watch_lock:
@@ -314,26 +310,6 @@ def _side_connection(database: str) -> sqlite3.Connection:
     """A plain sqlite3 connection beside the engine's, in autocommit (the change watch, the
     checkpointer): it never begins a transaction of its own."""
     return sqlite3.connect(database, check_same_thread=False, isolation_level=None)
-
-
-def _map_wal_index_header(database: str, watch: sqlite3.Connection) -> mmap.mmap | None:
-    """The start of the database's wal-index (its -shm file) mapped read-only, or None when it
-    cannot be (not in WAL mode, or the file is not there or too short): `commit_marker` then
-    asks SQLite. The watch connection opens the wal-index first and keeps it open (and so in
-    use, which is what stops another process from truncating or removing it) until it closes."""
-    try:
-        (mode,) = watch.execute("PRAGMA journal_mode").fetchone()
-        if str(mode).lower() != "wal":
-            return None
-        watch.execute("PRAGMA data_version").fetchone()  # a read: opens the wal-index
-        with open(f"{database}-shm", "rb") as shm:
-            if os.fstat(shm.fileno()).st_size < WAL_INDEX_HEADER_BYTES:
-                return None
-            return mmap.mmap(shm.fileno(), WAL_INDEX_HEADER_BYTES, access=mmap.ACCESS_READ)
-    except (OSError, ValueError, sqlite3.Error):
-        logger.info("cannot map the wal-index of %s; commits are watched with a statement",
-                    database, exc_info=True)
-        return None
 
 
 def _operational_errors() -> tuple[type[BaseException], ...]:

@@ -139,7 +139,7 @@ def test_commit_state_is_the_marker_and_the_newest_sequence_together(
     another process, whether read from the mapped wal-index or asked of SQLite; reads move it
     not; it comes with the newest sequence number."""
     if not mapped:
-        monkeypatch.setattr(sql_module, "_map_wal_index_header", lambda *_: None)
+        monkeypatch.setattr(sql_module.WalIndexHeader, "open", lambda *_: None)
     with _store(tmp_path) as (store, db):
         assert (store._wal_header is not None) is mapped
         before, last = store.commit_state()
