@@ -275,7 +275,7 @@ class IdentityService:
                 self._link_placeholders_to_later_candidates(unit)
                 unit.flush()
             self._seq = unit.seq
-            self._settle_after_own_commit()
+            self._settle_after_own_commit(tx.commit_marker)
             self._schedule_typo_pack()
             return result
         except BaseException:
@@ -373,11 +373,15 @@ class IdentityService:
         marker = self._settled_marker
         return marker is not None and self.store.commit_marker() == marker
 
-    def _settle_after_own_commit(self) -> None:
+    def _settle_after_own_commit(self, own: bytes | None) -> None:
         """Mark the index settled at the commit just made when no other process committed
-        since, so the next lock-free read need not take the lock to find that out. The marker and
-        the newest sequence number come from one snapshot, so the marker stands for exactly the
-        commits the index holds."""
+        since, so the next lock-free read need not take the lock to find that out. `own`: the
+        store's marker as that commit left it, when the store could tell that nothing came
+        after it; else the marker is read before the newest sequence number, so it never
+        stands for more commits than the index holds."""
+        if own is not None:
+            self._settled_marker = own
+            return
         marker, last = self.store.commit_state()
         if marker is not None and last == self._seq:
             self._settled_marker = marker

@@ -38,7 +38,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.errors import StoreUnavailable
 from identity_server.store import schema as t
-from identity_server.store.wal_index import WalIndexHeader
+from identity_server.store.wal_index import WalIndexHeader, own_commit_marker
 
 logger = logging.getLogger(__name__)
 
@@ -211,9 +211,17 @@ class SqlStore:
                 try:
                     conn = self._writer_connection()
                     began = self._begin_waiting(conn) if wait else self._begin_at_once(conn)
+                    header = self._wal_header
+                    driver = conn.connection.driver_connection
                     try:
                         with began:
-                            yield Tx(conn, True)
+                            before = header.read() if header is not None else None
+                            changes = driver.total_changes if driver is not None else -1
+                            tx = Tx(conn, True)
+                            yield tx
+                            wrote = driver is None or driver.total_changes != changes
+                        if before is not None and header is not None:
+                            tx.commit_marker = own_commit_marker(before, header.read(), wrote)
                     except BaseException:
                         self._drop_writer()  # whatever state it is in, the next write starts afresh
                         raise
@@ -452,10 +460,14 @@ _STATEMENTS: dict[bool, _Statements] = {}
 
 
 class Tx:
-    """One transaction's operations. Every method is a small statement or two."""
+    """One transaction's operations. Every method is a small statement or two.
+
+    After a SQLite write transaction commits, `commit_marker` is the store's commit marker as
+    that commit left it, when it is known that no other commit came after it (else None)."""
 
     def __init__(self, conn: Connection, is_sqlite: bool) -> None:
         self.conn = conn
+        self.commit_marker: bytes | None = None
         self._is_sqlite = is_sqlite
         if is_sqlite not in _STATEMENTS:
             _STATEMENTS[is_sqlite] = _Statements(is_sqlite)

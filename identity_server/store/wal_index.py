@@ -21,10 +21,13 @@ import logging
 import mmap
 import os
 import sqlite3
+import sys
 
 logger = logging.getLogger(__name__)
 
 HEADER_BYTES = 96  # two copies of the 48-byte WalIndexHdr
+_COPY_BYTES = HEADER_BYTES // 2
+_CHANGE_COUNTER = slice(8, 12)  # iChange: "incremented each transaction" that commits frames
 
 
 class WalIndexHeader:
@@ -77,4 +80,21 @@ class WalIndexHeader:
             os.close(self._fd)
 
 
-__all__ = ["HEADER_BYTES", "WalIndexHeader"]
+def own_commit_marker(before: bytes, after: bytes, wrote: bool) -> bytes | None:
+    """The header `after`, when it shows that the only commit since `before` was the caller's
+    own: `before` read while holding the write lock (no commit can come between it and the
+    caller's), `after` once the caller committed, `wrote` whether its transaction changed any
+    row (then its commit wrote frames and moved the change counter by exactly one; else by
+    none). None when the counter moved otherwise, or a copy was caught mid-rewrite: another
+    process committed too, or may have, and the caller must look.
+
+    The counter is a 32-bit machine-order integer at offset 8 of each copy (walformat.html;
+    the wal-index is never shared between machines)."""
+    if before[:_COPY_BYTES] != before[_COPY_BYTES:] or after[:_COPY_BYTES] != after[_COPY_BYTES:]:
+        return None
+    counter_before = int.from_bytes(before[_CHANGE_COUNTER], sys.byteorder)
+    counter_after = int.from_bytes(after[_CHANGE_COUNTER], sys.byteorder)
+    return after if counter_after == (counter_before + wrote) & 0xFFFF_FFFF else None
+
+
+__all__ = ["HEADER_BYTES", "WalIndexHeader", "own_commit_marker"]

@@ -23,6 +23,7 @@ from identity_server.index import NameIndex
 from identity_server.matching import Outcome
 from identity_server.service import DeferredResolve, IdentityService, ResolveResult
 from identity_server.store.sql import ChangeRecord, SqlStore, WouldBlock
+from identity_server.store.wal_index import own_commit_marker
 
 
 def _count_decisions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -164,6 +165,37 @@ def test_commit_state_is_the_marker_and_the_newest_sequence_together(
             check=True, timeout=60)
         assert store.commit_state() == (store.commit_marker(), 2)
         assert store.commit_marker() != moved
+
+
+def _header(counter: int, rest: bytes = b"x" * 36, *, torn: bool = False) -> bytes:
+    copy = b"\x07\x00\x00\x00" * 2 + counter.to_bytes(4, sys.byteorder) + rest
+    other = copy if not torn else copy[:-1] + b"?"
+    return other + copy
+
+
+def test_an_own_commit_marker_only_when_the_counter_moved_by_the_callers_commit_alone() -> None:
+    before = _header(41)
+    assert own_commit_marker(before, _header(42, b"y" * 36), wrote=True) == _header(42, b"y" * 36)
+    assert own_commit_marker(before, before, wrote=False) == before  # nothing committed
+    assert own_commit_marker(before, _header(43), wrote=True) is None  # another commit too
+    assert own_commit_marker(before, _header(42), wrote=False) is None  # someone else's
+    assert own_commit_marker(before, _header(42, torn=True), wrote=True) is None  # mid-rewrite
+    assert own_commit_marker(_header(0xFFFF_FFFF), _header(0), wrote=True) == _header(0)
+
+
+def test_a_write_knows_the_marker_its_commit_left_unless_another_commit_followed(
+        tmp_path: Path) -> None:
+    with _store(tmp_path) as (store, db):
+        with store.write() as tx:
+            tx.append_changes([ChangeRecord(1, "created", "P1", "", {}, 0.0)])
+        assert tx.commit_marker is not None and tx.commit_marker == store.commit_marker()
+        with store.write() as empty:  # a transaction that changes nothing moves nothing
+            pass
+        assert empty.commit_marker == tx.commit_marker
+        with sqlite3.connect(db) as other:  # another process commits after it
+            other.execute("INSERT INTO changes (seq, kind, entity_id, other_id, detail, "
+                          "recorded_at) VALUES (2, 'created', 'P2', '', '{}', 0)")
+        assert store.commit_marker() != tx.commit_marker  # so a reader would catch up
 
 
 def test_the_kept_write_connection_survives_a_failed_write(tmp_path: Path) -> None:
