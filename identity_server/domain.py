@@ -81,6 +81,11 @@ class Name:
 
 
 _KIND_ORDER = {NameKind.NAME: 0, NameKind.ALIAS: 1, NameKind.SURFACE: 2}
+# From this many names on, an entity answers "which of its names is this display form?" from a
+# table built on first use (per version of the entity): a much-mentioned entity gathers a
+# surface form for every spelling that converged on it, and a scan of thousands of names on each
+# repeat mention of it would cost more than the rest of the lookup together.
+DISPLAY_TABLE_FROM = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +103,41 @@ class Entity:
     placeholder: bool = False
     redirect_to: str | None = None
     names: tuple[Name, ...] = field(default=())
+    # display form -> its names, built on first use when the entity has many names (never
+    # copied by dataclasses.replace: a new version of the entity builds its own).
+    _by_display: dict[str, tuple[Name, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.names) > 1 or not isinstance(self.names, tuple):
             ordered = tuple(sorted(self.names, key=lambda n: (_KIND_ORDER[n.kind], n.position)))
             object.__setattr__(self, "names", ordered)
+
+    def with_display(self, display: str) -> list[Name]:
+        """The names whose display form is `display`, in `names` order (at most one in a
+        stored entity: displays are unique per entity)."""
+        names = self.names
+        if len(names) < DISPLAY_TABLE_FROM:
+            return [n for n in names if n.display == display]
+        return list(self._display_table().get(display, ()))
+
+    def has_display(self, display: str) -> bool:
+        names = self.names
+        if len(names) < DISPLAY_TABLE_FROM:
+            return any(n.display == display for n in names)
+        return display in self._display_table()
+
+    def _display_table(self) -> dict[str, tuple[Name, ...]]:
+        table = self._by_display
+        if table is None:
+            names = self.names
+            table = {n.display: (n,) for n in names}
+            if len(table) < len(names):  # a display form twice: keep every name, in order
+                table = {}
+                for n in names:
+                    table[n.display] = table.get(n.display, ()) + (n,)
+            object.__setattr__(self, "_by_display", table)  # racing builders build the same
+        return table
 
     @property
     def name(self) -> str:
@@ -110,9 +145,6 @@ class Entity:
             if n.kind is NameKind.NAME:
                 return n.display
         return ""
-
-    def has_display(self, display: str) -> bool:
-        return any(n.display == display for n in self.names)
 
 
 def is_provisional_id(entity_id: str) -> bool:

@@ -98,7 +98,7 @@ def decide(index: IndexView, display: str, mention_type: str) -> Decision:
     same_key = index.with_key(k)  # every entity rules 1 to 3 can match is among these
 
     found = _candidates(
-        index, same_key, mention_type, lambda e: [n for n in e.names if n.display == display]
+        index, same_key, mention_type, lambda e: e.with_display(display)
     )
     if found:
         return _decided(Rule.EXACT, found, mention_type)
@@ -180,13 +180,23 @@ def _typo(index: IndexView, k: str, mention_type: str) -> Decision:
             index,
             bucket,
             mention_type,
-            lambda e, b=bucket: [  # type: ignore[misc]
-                n for n in e.names if n.kind is not NameKind.SURFACE and n.key in b[e.entity_id]
-            ],
+            lambda e, b=bucket: _anchors_with_keys(e, b[e.entity_id]),  # type: ignore[misc]
         )
         if found:
             return decided(Rule.TYPO, found, mention_type)
     return NEW_DECISION
+
+
+def _anchors_with_keys(e: Entity, keys: set[str]) -> list[Name]:
+    """e's name and aliases (never surface forms) whose key is one of `keys`, in order. The
+    surface forms come last in `names`, and a much-mentioned entity has thousands: stop there."""
+    found = []
+    for n in e.names:
+        if n.kind is NameKind.SURFACE:
+            break
+        if n.key in keys:
+            found.append(n)
+    return found
 
 
 def _candidates(

@@ -8,12 +8,21 @@ candidates (in order), best candidates and matched name from both.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
 import pytest
 
-from identity_server.domain import OTHER, Entity, MatchKind, Name, NameKind, Status
+from identity_server.domain import (
+    DISPLAY_TABLE_FROM,
+    OTHER,
+    Entity,
+    MatchKind,
+    Name,
+    NameKind,
+    Status,
+)
 from identity_server.index import NameIndex
 from identity_server.matching import decide
 from identity_server.normalize import display_form, fold, key, one_edit_apart
@@ -189,3 +198,53 @@ def test_the_oracle_itself_sees_the_spec_examples() -> None:
     assert ref_decide(world, "memcastle", "tool").kind is MatchKind.PUNCTUATION
     assert ref_decide(world, "MEM CASTLE", "other").candidates == ("q3",)
     assert fold("Straße") == "strasse"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_much_mentioned_entities_match_as_the_literal_reading_says(seed: int) -> None:
+    """Entities with hundreds of spellings (found by a table, not a scan, at rule 1; rule 4
+    stops at their surface forms) decide exactly as the reference does."""
+    rng = random.Random(1000 + seed)
+    entities = random_world(rng, 8)
+    for ordinal in (101, 102):
+        base = rng.choice(BASE_NAMES)
+        names = [Name(base, NameKind.NAME, 0)]
+        seen = {base}
+        while len(names) < DISPLAY_TABLE_FROM * 3:
+            spelling = display_form(perturb(rng, rng.choice([base, *BASE_NAMES])))
+            if key(spelling) and spelling not in seen:
+                seen.add(spelling)
+                kind = NameKind.ALIAS if rng.random() < 0.05 else NameKind.SURFACE
+                names.append(Name(spelling, kind, len(names)))
+        entities.append(Entity(f"e{ordinal}", rng.choice(TYPES), Status.CANONICAL, ordinal,
+                               names=tuple(names)))
+    index = NameIndex()
+    index.put_many(entities)
+    for _ in range(150):
+        mention = perturb(rng, rng.choice(BASE_NAMES)) if rng.random() < 0.7 else rng.choice(BASE_NAMES)
+        t = rng.choice(TYPES)
+        if not key(display_form(mention)):
+            continue
+        expected = ref_decide(entities, mention, t)
+        got = decide(index, display_form(mention), t)
+        actual = RefDecision(
+            got.outcome.value, got.match_kind, tuple(c.entity.entity_id for c in got.candidates),
+            tuple(c.entity.entity_id for c in got.best),
+            got.best[0].matched_name if got.best else "",
+        )
+        assert actual == expected, f"{mention!r} ({t}) in world {seed}"
+
+
+def test_an_entity_finds_its_names_by_display_form_with_or_without_a_table() -> None:
+    many = tuple(Name(f"Quorbex {i}", NameKind.SURFACE, i) for i in range(1, DISPLAY_TABLE_FROM + 5))
+    for names in (many[:3], many):
+        e = Entity("q1", "method", Status.CANONICAL, 1,
+                   names=(Name("Quorbex", NameKind.NAME, 0), *names))
+        assert e.with_display("Quorbex 2") == [many[1]] and e.has_display("Quorbex 2")
+        assert e.with_display("Quorbex 999") == [] and not e.has_display("Quorbex 999")
+        # A new version of the entity answers for its own names, not its predecessor's table.
+        grown = dataclasses.replace(e, names=e.names + (Name("Quorbex 999", NameKind.SURFACE, 999),))
+        assert grown.has_display("Quorbex 999") and not e.has_display("Quorbex 999")
+    twice = Entity("q2", "method", Status.CANONICAL, 2, names=(
+        Name("Vextral", NameKind.NAME, 0), Name("Vextral", NameKind.ALIAS, 1), *many))
+    assert twice.with_display("Vextral") == [twice.names[0], twice.names[1]]
