@@ -675,7 +675,7 @@ class IdentityService:
 
     def _converged_without_writes(self, m: Mention) -> tuple[ResolveResult | None, _Prior]:
         """The reply when resolving m would write nothing (no surface form, type or evidence),
-        else None; and the decision, which the write may reuse if the index stays unchanged."""
+        else None; and the decision, which the write reuses while it still stands (`_stands`)."""
         index = self.index
         generation = index.generation
         d = decide(index, m.display, m.entity_type)
