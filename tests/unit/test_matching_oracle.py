@@ -169,7 +169,13 @@ def test_fast_matcher_agrees_with_the_literal_reading(seed: int) -> None:
         index.load(entities)  # the start-up path: typo variants packed
     else:
         index.put_many(entities)  # the running path: typo variants in the overlay
-    for _ in range(60):
+    _agree_on_random_mentions(rng, entities, index, 60, seed)
+
+
+def _agree_on_random_mentions(rng: random.Random, entities: list[Entity], index: NameIndex,
+                              count: int, world: int) -> None:
+    """The fast matcher and the reference decide `count` random mentions alike."""
+    for _ in range(count):
         mention = perturb(rng, rng.choice(BASE_NAMES)) if rng.random() < 0.7 else rng.choice(BASE_NAMES)
         t = rng.choice(TYPES)
         if not key(display_form(mention)):
@@ -183,7 +189,7 @@ def test_fast_matcher_agrees_with_the_literal_reading(seed: int) -> None:
             tuple(c.entity.entity_id for c in got.best),
             got.best[0].matched_name if got.best else "",
         )
-        assert actual == expected, f"{mention!r} ({t}) in world {seed}"
+        assert actual == expected, f"{mention!r} ({t}) in world {world}"
 
 
 def test_the_oracle_itself_sees_the_spec_examples() -> None:
@@ -220,19 +226,7 @@ def test_much_mentioned_entities_match_as_the_literal_reading_says(seed: int) ->
                                names=tuple(names)))
     index = NameIndex()
     index.put_many(entities)
-    for _ in range(150):
-        mention = perturb(rng, rng.choice(BASE_NAMES)) if rng.random() < 0.7 else rng.choice(BASE_NAMES)
-        t = rng.choice(TYPES)
-        if not key(display_form(mention)):
-            continue
-        expected = ref_decide(entities, mention, t)
-        got = decide(index, display_form(mention), t)
-        actual = RefDecision(
-            got.outcome.value, got.match_kind, tuple(c.entity.entity_id for c in got.candidates),
-            tuple(c.entity.entity_id for c in got.best),
-            got.best[0].matched_name if got.best else "",
-        )
-        assert actual == expected, f"{mention!r} ({t}) in world {seed}"
+    _agree_on_random_mentions(rng, entities, index, 150, seed)
 
 
 def test_an_entity_finds_its_names_by_display_form_with_or_without_a_table() -> None:
