@@ -52,17 +52,15 @@ class WalIndexHeader:
             if os.stat(path).st_size < HEADER_BYTES:  # checked before a descriptor exists
                 return None
             fd = os.open(path, os.O_RDONLY)
-        except (OSError, sqlite3.Error):
-            logger.info("cannot map the wal-index of %s; commits are watched with a statement",
-                        database, exc_info=True)
+        except (OSError, sqlite3.Error) as e:
+            _not_mapped(database, e)
             return None
         try:
             return cls(fd, mmap.mmap(fd, HEADER_BYTES, access=mmap.ACCESS_READ))
-        except (OSError, ValueError):
+        except (OSError, ValueError) as e:
             # The descriptor stays open (see the module's docstring): a few bytes for the life
             # of the process, against every lock the process holds on the file.
-            logger.info("cannot map the wal-index of %s; commits are watched with a statement",
-                        database, exc_info=True)
+            _not_mapped(database, e)
             return None
 
     def read(self) -> bytes:
@@ -78,6 +76,11 @@ class WalIndexHeader:
         if view is not None:
             view.close()
             os.close(self._fd)
+
+
+def _not_mapped(database: str, error: Exception) -> None:
+    logger.info("cannot map the wal-index of %s; commits are watched with a statement",
+                database, exc_info=error)
 
 
 def own_commit_marker(before: bytes, after: bytes, wrote: bool) -> bytes | None:
