@@ -8,11 +8,13 @@ no system call and no hand-over of the GIL: a server asks before every lock-free
 that lands while a writer rewrites the header may see the two copies differ; that only looks like
 a commit (the caller then looks properly), and a commit finished before the read always shows.
 
-The file is opened once and its descriptors stay open until every connection of this process to
-the database is closed. POSIX record locks belong to the process, and closing *any* descriptor
-of a file drops all of the process's locks on it, SQLite's own included: without its lock on the
-`-shm` file, the next process to open the database takes itself for the file's only user and
-resets it under this process's mappings (a bus error).
+The file is opened once per process, whatever the number of stores on the database, and its
+descriptors stay open until the last of them has closed every connection. POSIX record locks
+belong to the process, and closing *any* descriptor of a file drops all of the process's locks on
+it, SQLite's own included: without its lock on the `-shm` file, the next process to open the
+database takes itself for the file's only user and resets it under this process's mappings (a
+bus error). (A connection to the database opened outside any store and still open when the last
+store closes is not covered: the process's stores are.)
 """
 
 from __future__ import annotations
@@ -22,20 +24,27 @@ import mmap
 import os
 import sqlite3
 import sys
+import threading
 
 logger = logging.getLogger(__name__)
 
 HEADER_BYTES = 96  # two copies of the 48-byte WalIndexHdr
 _COPY_BYTES = HEADER_BYTES // 2
 _CHANGE_COUNTER = slice(8, 12)  # iChange: "incremented each transaction" that commits frames
+_OPEN: dict[tuple[int, int], WalIndexHeader] = {}  # by (device, inode) of the -shm file
+_OPEN_LOCK = threading.Lock()
 
 
 class WalIndexHeader:
-    """The mapped header of one database's wal-index; `read()` returns its bytes now."""
+    """The mapped header of one database's wal-index; `read()` returns its bytes now. Shared by
+    every store of this process on the database (`open` hands out the one mapping, `close`
+    gives it back; the last `close` unmaps)."""
 
-    def __init__(self, fd: int, view: mmap.mmap) -> None:
+    def __init__(self, fd: int, view: mmap.mmap, file_id: tuple[int, int]) -> None:
         self._fd = fd
         self._view: mmap.mmap | None = view
+        self._file_id = file_id
+        self._users = 1
 
     @classmethod
     def open(cls, database: str, watch: sqlite3.Connection) -> WalIndexHeader | None:
@@ -49,19 +58,32 @@ class WalIndexHeader:
             if str(mode).lower() != "wal":
                 return None
             watch.execute("PRAGMA data_version").fetchone()  # a read: opens the wal-index
-            if os.stat(path).st_size < HEADER_BYTES:  # checked before a descriptor exists
-                return None
-            fd = os.open(path, os.O_RDONLY)
+            found = os.stat(path)  # checked before a descriptor exists
         except (OSError, sqlite3.Error) as e:
             _not_mapped(database, e)
             return None
-        try:
-            return cls(fd, mmap.mmap(fd, HEADER_BYTES, access=mmap.ACCESS_READ))
-        except (OSError, ValueError) as e:
-            # The descriptor stays open (see the module's docstring): a few bytes for the life
-            # of the process, against every lock the process holds on the file.
-            _not_mapped(database, e)
+        if found.st_size < HEADER_BYTES:
             return None
+        file_id = (found.st_dev, found.st_ino)
+        with _OPEN_LOCK:
+            shared = _OPEN.get(file_id)
+            if shared is not None:
+                shared._users += 1
+                return shared
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                _not_mapped(database, e)
+                return None
+            try:
+                view = mmap.mmap(fd, HEADER_BYTES, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as e:
+                # The descriptor stays open (see the module's docstring): a few bytes for the
+                # life of the process, against every lock the process holds on the file.
+                _not_mapped(database, e)
+                return None
+            header = _OPEN[file_id] = cls(fd, view, file_id)
+            return header
 
     def read(self) -> bytes:
         view = self._view
@@ -70,12 +92,16 @@ class WalIndexHeader:
         return view[:HEADER_BYTES]
 
     def close(self) -> None:
-        """Unmap and close the file; only once no connection of this process has the database
-        open (see the module's docstring)."""
-        view, self._view = self._view, None
-        if view is not None:
-            view.close()
-            os.close(self._fd)
+        """Give the mapping back; the last user unmaps and closes the file. Only once the
+        caller's connections to the database are closed (see the module's docstring)."""
+        with _OPEN_LOCK:
+            self._users -= 1
+            if self._users > 0 or self._view is None:
+                return
+            del _OPEN[self._file_id]
+            view, self._view = self._view, None
+        view.close()
+        os.close(self._fd)
 
 
 def _not_mapped(database: str, error: Exception) -> None:

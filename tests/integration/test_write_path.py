@@ -4,6 +4,7 @@ failures."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -196,6 +197,38 @@ def test_a_write_knows_the_marker_its_commit_left_unless_another_commit_followed
             other.execute("INSERT INTO changes (seq, kind, entity_id, other_id, detail, "
                           "recorded_at) VALUES (2, 'created', 'P2', '', '{}', 0)")
         assert store.commit_marker() != tx.commit_marker  # so a reader would catch up
+
+
+def _descriptors_of(path: str) -> int:
+    """How many of this process's open file descriptors refer to `path` (Linux /proc)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == path
+        except OSError:  # closed meanwhile
+            pass
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs Linux /proc")
+def test_stores_on_one_database_share_its_mapped_header_until_the_last_closes(
+        tmp_path: Path) -> None:
+    """Closing a store must not close the -shm file's descriptors while another store of the
+    process still uses the database: that would drop SQLite's locks on it too."""
+    db = tmp_path / "s.sqlite"
+    first, second = SqlStore(f"sqlite:///{db}"), SqlStore(f"sqlite:///{db}")
+    shm = f"{db}-shm"
+    try:
+        assert first._wal_header is not None and first._wal_header is second._wal_header
+        _commit(first, 1)
+        first.close()
+        assert _descriptors_of(shm) >= 2  # SQLite's own and the mapping's, for `second`
+        _commit(second, 2)
+        with second.read() as tx:
+            assert second.commit_marker() is not None and tx.max_seq() == 2
+    finally:
+        second.close()
+    assert _descriptors_of(shm) == 0
 
 
 def test_the_kept_write_connection_survives_a_failed_write(tmp_path: Path) -> None:
