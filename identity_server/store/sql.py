@@ -211,16 +211,16 @@ class SqlStore:
                 try:
                     conn = self._writer_connection()
                     began = self._begin_waiting(conn) if wait else self._begin_at_once(conn)
-                    driver = conn.connection.driver_connection
-                    # Without the driver's change count, a commit's own marker cannot be told.
-                    header = self._wal_header if driver is not None else None
+                    driver = conn.connection.driver_connection  # sqlite3's, as began used
+                    assert driver is not None
+                    header = self._wal_header
                     try:
                         with began:
                             before = header.read() if header is not None else None
-                            changes = driver.total_changes if driver is not None else 0
+                            changes = driver.total_changes
                             tx = Tx(conn, True)
                             yield tx
-                            wrote = driver is not None and driver.total_changes != changes
+                            wrote = driver.total_changes != changes
                         if before is not None and header is not None:
                             tx.commit_marker = own_commit_marker(before, header.read(), wrote)
                     except BaseException:
