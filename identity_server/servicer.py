@@ -163,6 +163,7 @@ class IdentityServicer:
 
     @_rpc()
     async def Resolve(self, request: pb.ResolveRequest, context: Context) -> pb.ResolveResponse:
+        self._writes.note_call()
         answer = self.service.begin_resolve(
             request.mention, request.entity_type, context_id=request.context_id,
             lookup_only=request.lookup_only,
@@ -184,6 +185,7 @@ class IdentityServicer:
     @_rpc()
     async def ResolveBatch(self, request: pb.ResolveBatchRequest,
                            context: Context) -> pb.ResolveBatchResponse:
+        self._writes.note_call()
         if request.lookup_only or len(request.mentions) > INLINE_BATCH_LIMIT:
             return batch_response(await self._off_loop(self._resolve_batch, request))
         batch = self.service.prepare_batch(request.context_id, _mentions(request))
