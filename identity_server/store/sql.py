@@ -111,6 +111,13 @@ class SqlStore:
         # small write transaction's cost.
         self._writer: Connection | None = None
         self._writer_lock = threading.Lock()
+        # The kept writer's busy timeout as last set (ms; None: as opened), and the one its
+        # statements need inside a write transaction: none in WAL mode, where a transaction
+        # holding the write lock waits on nothing (so the PRAGMAs around each BEGIN are only
+        # run when the timeout changes), the whole one in a rollback journal, whose COMMIT
+        # waits for readers.
+        self._writer_busy_ms: int | None = None
+        self._writer_inside_ms = 0
         database = _sqlite_file(url)  # None: PostgreSQL, or SQLite in memory
         try:
             if self.is_sqlite:
@@ -245,9 +252,7 @@ class SqlStore:
     def _begin_at_once(self, conn: Connection) -> RootTransaction:
         """BEGIN IMMEDIATE with no busy wait: WouldBlock when another connection writes (once
         begun, a WAL write transaction waits on nothing: readers never block it)."""
-        driver = conn.connection.driver_connection
-        assert driver is not None
-        driver.execute("PRAGMA busy_timeout=0")
+        self._set_writer_busy_ms(conn, 0)
         try:
             return conn.begin()
         except (sqlite3.OperationalError, OperationalError) as e:
@@ -255,18 +260,16 @@ class SqlStore:
                 raise WouldBlock("another connection holds the store's write lock") from e
             raise
         finally:
-            driver.execute(self._full_busy_timeout)
+            self._set_writer_busy_ms(conn, self._writer_inside_ms)
 
     def _begin_waiting(self, conn: Connection) -> RootTransaction:
         """BEGIN IMMEDIATE, waiting up to the busy timeout for another connection's write lock,
         a slice at a time: once the store is closing, the wait ends within a slice (then
         StoreUnavailable), instead of running out the whole timeout on a thread nobody waits
         for (SQLite's own wait cannot be cut short). Statements inside the transaction keep the
-        whole busy timeout."""
-        driver = conn.connection.driver_connection
-        assert driver is not None
+        busy timeout they need."""
         deadline = time.monotonic() + self._busy_timeout_s
-        driver.execute(f"PRAGMA busy_timeout={int(min(self._busy_timeout_s, _WAIT_SLICE_S) * 1000)}")
+        self._set_writer_busy_ms(conn, int(min(self._busy_timeout_s, _WAIT_SLICE_S) * 1000))
         try:
             while True:
                 try:
@@ -277,18 +280,26 @@ class SqlStore:
                     if self._closing:
                         raise StoreUnavailable("the identity store is closing") from e
         finally:
-            driver.execute(self._full_busy_timeout)
+            self._set_writer_busy_ms(conn, self._writer_inside_ms)
 
-    @property
-    def _full_busy_timeout(self) -> str:
-        """The PRAGMA that gives statements back the whole busy timeout after a BEGIN."""
-        return f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}"
+    def _set_writer_busy_ms(self, conn: Connection, ms: int) -> None:
+        """Give the kept writer this busy timeout, with a statement only when it changes."""
+        if ms != self._writer_busy_ms:
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            driver.execute(f"PRAGMA busy_timeout={ms}")
+            self._writer_busy_ms = ms
 
     def _writer_connection(self) -> Connection:
         """The kept SQLite write connection (under _writer_lock), opened on first use."""
         if self._writer is None:
             conn = self.engine.connect()
             conn.info["write"] = True
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            (mode,) = driver.execute("PRAGMA journal_mode").fetchone()
+            self._writer_inside_ms = 0 if mode == "wal" else int(self._busy_timeout_s * 1000)
+            self._writer_busy_ms = None  # as opened: the engine's timeout
             self._writer = conn
         return self._writer
 

@@ -291,8 +291,8 @@ def test_a_write_waiting_for_another_process_takes_the_lock_when_freed_or_ends_o
 def test_a_write_that_must_not_wait_says_so_at_once_and_leaves_the_store_working(
         tmp_path: Path) -> None:
     """write(wait=False) raises WouldBlock, without waiting out the busy timeout, while another
-    connection holds the write lock or this process's other writer holds the connection; the
-    busy timeout is back for writes that may wait, and nothing was written."""
+    connection holds the write lock or this process's other writer holds the connection; a write
+    that may wait still waits for the lock afterwards, and nothing was written."""
     with _store(tmp_path, busy_timeout_s=30.0) as (store, db):
         with store.write(wait=False) as tx:  # nothing in the way: it writes
             tx.append_changes([ChangeRecord(1, "created", "E1", "", {}, 0.0)])
@@ -320,9 +320,16 @@ def test_a_write_that_must_not_wait_says_so_at_once_and_leaves_the_store_working
         holder.join(10)
         _commit(store, 3)
         assert _seqs(db) == [1, 3]
-        timeout = store._writer.connection.driver_connection.execute(  # type: ignore[union-attr]
-            "PRAGMA busy_timeout").fetchone()
-        assert timeout == (30_000,)
+        # A write that may wait still waits for another connection's lock after all that.
+        other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")
+        threading.Timer(0.3, lambda: other.execute("ROLLBACK")).start()
+        started, cpu_started = time.monotonic(), time.thread_time()
+        _commit(store, 4)
+        assert time.monotonic() - started >= 0.25
+        assert time.thread_time() - cpu_started < 0.15  # SQLite's wait sleeps; it does not spin
+        other.close()
+        assert _seqs(db) == [1, 3, 4]
 
 
 def test_a_service_write_that_must_not_wait_leaves_no_trace(service: IdentityService) -> None:
