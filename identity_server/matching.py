@@ -91,17 +91,21 @@ def rank(entity: Entity, mention_type: str) -> tuple[int, int]:
     )
 
 
-def decide(index: IndexView, display: str, mention_type: str) -> Decision:
-    """Apply rules 1-4 in order; the first rule with a compatible candidate decides."""
-    folded = fold(display)
-    k = key(display)
+def decide(index: IndexView, display: str, mention_type: str, k: str | None = None) -> Decision:
+    """Apply rules 1-4 in order; the first rule with a compatible candidate decides. `k`: the
+    display form's key, when the caller has it already."""
+    if k is None:
+        k = key(display)
     same_key = index.with_key(k)  # every entity rules 1 to 3 can match is among these
+    if not same_key:  # rules 1 to 3 have no candidate
+        return _typo(index, k, mention_type)
 
     found = _candidates(
         index, same_key, mention_type, lambda e: e.with_display(display)
     )
     if found:
         return _decided(Rule.EXACT, found, mention_type)
+    folded = fold(display)
     found = _candidates(
         index, same_key, mention_type, lambda e: [n for n in e.names if n.folded == folded]
     )
@@ -221,11 +225,14 @@ def _candidates(
                 alias_only=all(n.kind is NameKind.ALIAS for n in matched),
             )
         )
-    out.sort(key=lambda c: (rank(c.entity, mention_type), c.entity.ordinal))
+    if len(out) > 1:
+        out.sort(key=lambda c: (rank(c.entity, mention_type), c.entity.ordinal))
     return out
 
 
 def _best(found: list[Candidate], mention_type: str) -> tuple[Candidate, ...]:
+    if len(found) == 1:
+        return (found[0],)
     top = rank(found[0].entity, mention_type)
     return tuple(c for c in found if rank(c.entity, mention_type) == top)
 

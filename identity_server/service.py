@@ -59,11 +59,13 @@ MAX_REASON_LENGTH = 4096
 
 @dataclass(frozen=True, slots=True)
 class Mention:
-    """A mention checked and normalised: its display form, its type and the raw type given."""
+    """A mention checked and normalised: its display form, its type, the raw type given, and
+    the display form's key (worked out once: every look and write of the mention needs it)."""
 
     display: str
     entity_type: str
     raw_type: str
+    key: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,13 +431,14 @@ class IdentityService:
                 f"mention is {len(display)} code points long; the limit is "
                 f"{self.config.max_mention_length}"
             )
-        if not key(display):
+        k = key(display)
+        if not k:
             raise InvalidArgument(f"mention {display!r} has no letters, digits or symbols")
         try:
             display.encode("utf-8")
         except UnicodeEncodeError as e:
             raise InvalidArgument("mention contains a lone surrogate: not valid Unicode") from e
-        return Mention(display, self.config.vocabulary.for_mention(entity_type), entity_type)
+        return Mention(display, self.config.vocabulary.for_mention(entity_type), entity_type, k)
 
     def _live(self, entity_id: str) -> Entity:
         entity = self.index.live(_checked_id(entity_id)) if entity_id else None
@@ -620,7 +623,7 @@ class IdentityService:
         if prior is not None and self._stands(prior, m):
             d = prior.decision  # made by this call's lock-free look, and still what it says
         else:
-            d = decide(self.index, m.display, m.entity_type)
+            d = decide(self.index, m.display, m.entity_type, m.key)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "decision mention=%r type=%s rule=%s outcome=%s candidates=%s",
@@ -671,14 +674,14 @@ class IdentityService:
         if prior.generation == index.generation:
             return True
         changed = index.changed_since(prior.generation)
-        return changed is not None and still_stands(prior.decision, key(m.display), changed)
+        return changed is not None and still_stands(prior.decision, m.key, changed)
 
     def _converged_without_writes(self, m: Mention) -> tuple[ResolveResult | None, _Prior]:
         """The reply when resolving m would write nothing (no surface form, type or evidence),
         else None; and the decision, which the write reuses while it still stands (`_stands`)."""
         index = self.index
         generation = index.generation
-        d = decide(index, m.display, m.entity_type)
+        d = decide(index, m.display, m.entity_type, m.key)
         prior = _Prior(d, index, generation)
         winner = d.winner
         if winner is None or not winner.entity.has_display(m.display):
@@ -724,7 +727,7 @@ class IdentityService:
 
     def _look(self, m: Mention) -> ResolveResult:
         """What a creating call would answer, writing nothing."""
-        d: Decision = decide(self.index, m.display, m.entity_type)
+        d: Decision = decide(self.index, m.display, m.entity_type, m.key)
         candidates = tuple(c.entity.entity_id for c in d.candidates)
         if d.outcome is Outcome.CONVERGED:
             assert d.winner is not None
