@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from identity_server.errors import InvalidArgument
 from identity_server.normalize import WHITE_SPACE, fold, key_of_folded
@@ -103,15 +104,57 @@ class Entity:
     placeholder: bool = False
     redirect_to: str | None = None
     names: tuple[Name, ...] = field(default=())
-    # display form -> its names, built on first use when the entity has many names (never
-    # copied by dataclasses.replace: a new version of the entity builds its own).
+    # display form -> its names, and casefolded form -> its names, built on first use when the
+    # entity has many names; `with_name` carries them over to the next version, other changes
+    # (dataclasses.replace) leave the new version to build its own.
     _by_display: dict[str, tuple[Name, ...]] | None = field(
         default=None, init=False, repr=False, compare=False)
+    _by_folded: dict[str, list[Name]] | None = field(
+        default=None, init=False, repr=False, compare=False)
+    ordered: InitVar[bool] = False  # `names` is in matched_name order already: no sort
 
-    def __post_init__(self) -> None:
-        if len(self.names) > 1 or not isinstance(self.names, tuple):
-            ordered = tuple(sorted(self.names, key=lambda n: (_KIND_ORDER[n.kind], n.position)))
-            object.__setattr__(self, "names", ordered)
+    def __post_init__(self, ordered: bool) -> None:
+        if not ordered and (len(self.names) > 1 or not isinstance(self.names, tuple)):
+            in_order = tuple(sorted(self.names, key=lambda n: (_KIND_ORDER[n.kind], n.position)))
+            object.__setattr__(self, "names", in_order)
+
+    def with_name(self, name: Name) -> Entity:
+        """This entity with one more name. A surface form recorded after the others goes last
+        as it is, with the lookup tables carried over: a much-mentioned entity (thousands of
+        spellings) takes a new one without a pass over its names in Python."""
+        names = self.names
+        last = names[-1] if names else None
+        if name.kind is not NameKind.SURFACE or (
+                last is not None and last.kind is NameKind.SURFACE
+                and last.position > name.position):
+            return dataclasses.replace(self, names=names + (name,))
+        updated = Entity(self.entity_id, self.entity_type, self.status, self.ordinal,
+                         self.placeholder, self.redirect_to, names + (name,), ordered=True)
+        by_display = self._by_display
+        if by_display is not None:
+            by_display = dict(by_display)
+            by_display[name.display] = by_display.get(name.display, ()) + (name,)
+            object.__setattr__(updated, "_by_display", by_display)
+        by_folded = self._by_folded
+        if by_folded is not None:
+            by_folded = dict(by_folded)
+            folded = name.folded
+            by_folded[folded] = [*by_folded.get(folded, ()), name]
+            object.__setattr__(updated, "_by_folded", by_folded)
+        return updated
+
+    def next_position(self) -> int:
+        """One past the highest position of its names. Each kind's names are in position order
+        and surface forms come last, so that is among the name and aliases (few) and the last
+        surface form: no pass over thousands of surface forms."""
+        names = self.names
+        tops = []
+        for n in names:
+            if n.kind is NameKind.SURFACE:
+                tops.append(names[-1].position)
+                break
+            tops.append(n.position)
+        return max(tops, default=0) + 1
 
     def with_display(self, display: str) -> list[Name]:
         """The names whose display form is `display`, in `names` order (at most one in a
@@ -126,6 +169,19 @@ class Entity:
         if len(names) < DISPLAY_TABLE_FROM:
             return any(n.display == display for n in names)
         return display in self._display_table()
+
+    def with_folded(self, folded: str) -> list[Name]:
+        """The names whose casefolded form is `folded` (rule 2), in `names` order."""
+        names = self.names
+        if len(names) < DISPLAY_TABLE_FROM:
+            return [n for n in names if n.folded == folded]
+        table = self._by_folded
+        if table is None:
+            table = {}
+            for n in names:
+                table.setdefault(n.folded, []).append(n)
+            object.__setattr__(self, "_by_folded", table)  # racing builders build the same
+        return list(table.get(folded, ()))
 
     def _display_table(self) -> dict[str, tuple[Name, ...]]:
         table = self._by_display

@@ -246,6 +246,12 @@ class NameIndex:
         """
         if before == after:
             return
+        if len(after) == len(before) + 1 and after[:-1] == before and self._bulk_anchors is None:
+            added = after[-1]  # one name more (a new spelling): no pass over the others
+            add(self._by_key, added.key, eid)
+            if _is_anchor(added) and not self._variants.holds(added.key):
+                self._variants.add(added.key)
+            return
         old = {n.key for n in before}
         new = {n.key for n in after}
         for k in old - new:
@@ -277,6 +283,8 @@ class NameIndex:
                     collecting.append(k)
             return
         for n in names:
+            if n.kind is NameKind.SURFACE:  # surface forms come last and are never anchors
+                break
             if _is_anchor(n) and not self._variants.holds(n.key):
                 self._variants.add(n.key)
 

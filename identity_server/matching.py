@@ -107,7 +107,7 @@ def decide(index: IndexView, display: str, mention_type: str, k: str | None = No
         return _decided(Rule.EXACT, found, mention_type)
     folded = fold(display)
     found = _candidates(
-        index, same_key, mention_type, lambda e: [n for n in e.names if n.folded == folded]
+        index, same_key, mention_type, lambda e: e.with_folded(folded)
     )
     if found:
         return _decided(Rule.CASE, found, mention_type)

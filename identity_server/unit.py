@@ -187,7 +187,8 @@ class Unit:
 
     def add_name(self, entity: Entity, display: str, kind: NameKind, source: str = "") -> Entity:
         """Record display as a surface form or alias (an existing surface form becomes an alias)."""
-        existing = next((n for n in entity.names if n.display == display), None)
+        same = entity.with_display(display)
+        existing = same[0] if same else None
         if existing is not None:
             if existing.kind is NameKind.ALIAS and kind is NameKind.ALIAS and source == CURATOR:
                 self._claim_for_curator(entity.entity_id, display)
@@ -198,7 +199,9 @@ class Unit:
             names = entity.names
         position = self._next_position(entity)
         self._new_names.append((entity.entity_id, NameRow(display, kind.value, position, source)))
-        updated = dataclasses.replace(entity, names=names + (Name(display, kind, position),))
+        added = Name(display, kind, position)
+        updated = (entity.with_name(added) if names is entity.names
+                   else dataclasses.replace(entity, names=names + (added,)))
         change = ALIAS_ADDED if kind is NameKind.ALIAS else SURFACE_FORM_ADDED
         field = "alias" if kind is NameKind.ALIAS else "surface_form"
         self.emit(change, entity.entity_id, **{field: display})
@@ -216,7 +219,7 @@ class Unit:
     @staticmethod
     def _next_position(entity: Entity) -> int:
         """Positions order one entity's names within a kind; only live names need distinct ones."""
-        return max((n.position for n in entity.names), default=0) + 1
+        return entity.next_position()
 
     def upgrade_type(self, entity: Entity, entity_type: str) -> Entity:
         self.flush()

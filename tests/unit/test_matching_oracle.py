@@ -229,6 +229,50 @@ def test_much_mentioned_entities_match_as_the_literal_reading_says(seed: int) ->
     _agree_on_random_mentions(rng, entities, index, 150, seed)
 
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_much_mentioned_entities_grown_a_spelling_at_a_time_match_as_built_whole(
+        seed: int) -> None:
+    """Spellings added one at a time (`Entity.with_name` carries the display and casefold
+    tables over to the next version; the index files only the new name) leave each version
+    equal to the same entity built whole, the versions before untouched, and every decision
+    the reference's."""
+    rng = random.Random(2000 + seed)
+    entities = random_world(rng, 8)
+    index = NameIndex()
+    index.put_many(entities)
+    grown: list[Entity] = []
+    for ordinal in (101, 102):
+        base = rng.choice(BASE_NAMES)
+        added = [Name(base, NameKind.NAME, 0)]
+        e = Entity(f"e{ordinal}", rng.choice(TYPES), Status.CANONICAL, ordinal, names=(added[0],))
+        index.put(e)
+        while len(e.names) < DISPLAY_TABLE_FROM * 3:
+            spelling = display_form(perturb(rng, rng.choice([base, *BASE_NAMES])))
+            if not key(spelling) or e.has_display(spelling):
+                continue
+            kind = NameKind.ALIAS if rng.random() < 0.05 else NameKind.SURFACE
+            # Mostly the next position, as recording does; sometimes an earlier one.
+            position = (e.next_position() if rng.random() < 0.9
+                        else rng.randrange(0, e.next_position()))
+            before, name = e, Name(spelling, kind, position)
+            e = e.with_name(name)
+            added.append(name)
+            index.put(e)
+            whole = Entity(e.entity_id, e.entity_type, e.status, e.ordinal, names=tuple(added))
+            assert e.names == whole.names
+            assert e.next_position() == max(n.position for n in added) + 1
+            assert not before.has_display(spelling) and e.with_display(spelling) == [name]
+            assert name not in before.with_folded(fold(spelling))
+            assert name in e.with_folded(fold(spelling))
+            probe = rng.choice(added).display
+            assert e.with_display(probe) == whole.with_display(probe)
+            assert e.with_folded(fold(probe)) == whole.with_folded(fold(probe))
+            assert e.entity_id in index.with_key(name.key)
+        grown.append(e)
+    _agree_on_random_mentions(rng, entities + grown, index, 150, seed)
+
+
 def test_an_entity_finds_its_names_by_display_form_with_or_without_a_table() -> None:
     many = tuple(Name(f"Quorbex {i}", NameKind.SURFACE, i) for i in range(1, DISPLAY_TABLE_FROM + 5))
     for names in (many[:3], many):
