@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Collection
 from dataclasses import InitVar, dataclass, field
 
 from identity_server.errors import InvalidArgument
@@ -89,6 +90,18 @@ _KIND_ORDER = {NameKind.NAME: 0, NameKind.ALIAS: 1, NameKind.SURFACE: 2}
 DISPLAY_TABLE_FROM = 64
 
 
+class _NameTables:
+    """Lookups over a much-mentioned entity's names, each built on first use; `with_name`
+    carries the built ones over to the entity's next version."""
+
+    __slots__ = ("by_display", "by_folded", "keys")
+
+    def __init__(self) -> None:
+        self.by_display: dict[str, tuple[Name, ...]] | None = None  # display form -> names
+        self.by_folded: dict[str, list[Name]] | None = None  # casefolded form -> names
+        self.keys: frozenset[str] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Entity:
     """An entity as the matching index sees it. Merged entities have no names.
@@ -104,13 +117,9 @@ class Entity:
     placeholder: bool = False
     redirect_to: str | None = None
     names: tuple[Name, ...] = field(default=())
-    # display form -> its names, and casefolded form -> its names, built on first use when the
-    # entity has many names; `with_name` carries them over to the next version, other changes
-    # (dataclasses.replace) leave the new version to build its own.
-    _by_display: dict[str, tuple[Name, ...]] | None = field(
-        default=None, init=False, repr=False, compare=False)
-    _by_folded: dict[str, list[Name]] | None = field(
-        default=None, init=False, repr=False, compare=False)
+    # Tables over the names when there are many (DISPLAY_TABLE_FROM); a version of the entity
+    # made by dataclasses.replace builds its own.
+    _tables: _NameTables | None = field(default=None, init=False, repr=False, compare=False)
     ordered: InitVar[bool] = False  # `names` is in matched_name order already: no sort
 
     def __post_init__(self, ordered: bool) -> None:
@@ -120,7 +129,7 @@ class Entity:
 
     def with_name(self, name: Name) -> Entity:
         """This entity with one more name. A surface form recorded after the others goes last
-        as it is, with the lookup tables carried over: a much-mentioned entity (thousands of
+        as it is, with the tables carried over: a much-mentioned entity (thousands of
         spellings) takes a new one without a pass over its names in Python."""
         names = self.names
         last = names[-1] if names else None
@@ -130,17 +139,20 @@ class Entity:
             return dataclasses.replace(self, names=names + (name,))
         updated = Entity(self.entity_id, self.entity_type, self.status, self.ordinal,
                          self.placeholder, self.redirect_to, names + (name,), ordered=True)
-        by_display = self._by_display
-        if by_display is not None:
-            by_display = dict(by_display)
-            by_display[name.display] = by_display.get(name.display, ()) + (name,)
-            object.__setattr__(updated, "_by_display", by_display)
-        by_folded = self._by_folded
-        if by_folded is not None:
-            by_folded = dict(by_folded)
-            folded = name.folded
-            by_folded[folded] = [*by_folded.get(folded, ()), name]
-            object.__setattr__(updated, "_by_folded", by_folded)
+        tables = self._tables
+        if tables is not None:
+            carried = _NameTables()
+            if tables.by_display is not None:
+                carried.by_display = dict(tables.by_display)
+                carried.by_display[name.display] = (
+                    carried.by_display.get(name.display, ()) + (name,))
+            if tables.by_folded is not None:
+                carried.by_folded = dict(tables.by_folded)
+                folded = name.folded
+                carried.by_folded[folded] = [*carried.by_folded.get(folded, ()), name]
+            if tables.keys is not None:
+                carried.keys = tables.keys | {name.key}
+            object.__setattr__(updated, "_tables", carried)
         return updated
 
     def next_position(self) -> int:
@@ -155,6 +167,16 @@ class Entity:
                 break
             tops.append(n.position)
         return max(tops, default=0) + 1
+
+    def name_keys(self) -> Collection[str]:
+        """The keys of its names, each once."""
+        names = self.names
+        if len(names) < DISPLAY_TABLE_FROM:
+            return {n.key for n in names}
+        tables = self._name_tables()
+        if tables.keys is None:
+            tables.keys = frozenset(n.key for n in names)
+        return tables.keys
 
     def with_display(self, display: str) -> list[Name]:
         """The names whose display form is `display`, in `names` order (at most one in a
@@ -175,16 +197,18 @@ class Entity:
         names = self.names
         if len(names) < DISPLAY_TABLE_FROM:
             return [n for n in names if n.folded == folded]
-        table = self._by_folded
+        tables = self._name_tables()
+        table = tables.by_folded
         if table is None:
             table = {}
             for n in names:
                 table.setdefault(n.folded, []).append(n)
-            object.__setattr__(self, "_by_folded", table)  # racing builders build the same
+            tables.by_folded = table  # racing builders build the same
         return list(table.get(folded, ()))
 
     def _display_table(self) -> dict[str, tuple[Name, ...]]:
-        table = self._by_display
+        tables = self._name_tables()
+        table = tables.by_display
         if table is None:
             names = self.names
             table = {n.display: (n,) for n in names}
@@ -192,8 +216,15 @@ class Entity:
                 table = {}
                 for n in names:
                     table[n.display] = table.get(n.display, ()) + (n,)
-            object.__setattr__(self, "_by_display", table)  # racing builders build the same
+            tables.by_display = table  # racing builders build the same
         return table
+
+    def _name_tables(self) -> _NameTables:
+        tables = self._tables
+        if tables is None:
+            tables = _NameTables()
+            object.__setattr__(self, "_tables", tables)  # a racing one's is as good
+        return tables
 
     @property
     def name(self) -> str:

@@ -19,7 +19,7 @@ from identity_server.multimap import MultiMap, add, remove, values
 from identity_server.typo_table import DeletionVariantTable, OverlayPack, deletion_variants
 
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
-# How many changes the index remembers the names of (`changed_since`): enough for a group of
+# How many changes the index remembers the name keys of (`changed_since`): enough for a group of
 # writes, few enough that looking through them costs less than deciding again.
 JOURNAL_LENGTH = 32
 # A typo pack is due when the overlay holds this share of the packed anchors (and the service's
@@ -50,8 +50,9 @@ class NameIndex:
         # Deletion variants of live placeholders' pair keys (4+ characters) -> placeholder ids:
         # an entity whose anchors share none cannot be a new candidate of a pair at rule 4.
         self._placeholder_variants: MultiMap = {}
-        # The names before and after of the latest puts and discards, one entry a generation.
-        self._journal: deque[tuple[tuple[Name, ...], tuple[Name, ...]]] = deque(
+        # The name keys before and after of the latest puts and discards, one entry a
+        # generation (keys, not names: a much-mentioned entity has thousands of names and few keys).
+        self._journal: deque[tuple[Collection[str], Collection[str]]] = deque(
             maxlen=JOURNAL_LENGTH)
 
     # -- reading -------------------------------------------------------------------------------
@@ -75,15 +76,16 @@ class NameIndex:
         decision made earlier still stands (packing the typo table changes no answer)."""
         return self._generation
 
-    def changed_since(self, generation: int) -> list[tuple[Name, ...]] | None:
-        """The names, before and after, of every entity put or discarded since `generation`
-        (a merged entity has none): whatever those changes can have changed a lookup's answer
-        about is among them. None when the index no longer remembers that far back."""
+    def changed_since(self, generation: int) -> list[Collection[str]] | None:
+        """The keys of the names, before and after, of every entity put or discarded since
+        `generation` (a merged entity has none): whatever those changes can have changed a
+        lookup's answer about is among them. None when the index no longer remembers that far
+        back."""
         behind = self._generation - generation
         if not 0 <= behind <= len(self._journal):
             return None
         journal = self._journal
-        return [names for i in range(1, behind + 1) for names in journal[-i]]
+        return [keys for i in range(1, behind + 1) for keys in journal[-i]]
 
     def live(self, entity_id: str) -> Entity | None:
         """The entity at the end of entity_id's redirect chain (itself when not merged)."""
@@ -103,11 +105,11 @@ class NameIndex:
         if not held:
             return []
         found: dict[str, Entity] = {}
-        for k in {n.key for n in entity.names if n.key in held}:
+        for k in [k for k in entity.name_keys() if k in held]:
             self._collect_placeholders(values(self._by_key, k), entity.entity_id, found)
         near = self._placeholder_variants
         if by_typo and near:
-            for k in {n.key for n in entity.names if _is_anchor(n)}:
+            for k in _anchor_keys(entity.names):
                 for variant in deletion_variants(k):
                     if variant in near:
                         self._collect_placeholders(values(near, variant), entity.entity_id, found)
@@ -152,15 +154,17 @@ class NameIndex:
         if entity.placeholder or (old is not None and old.placeholder):
             self._file_placeholder(old, -1)
             self._file_placeholder(entity, 1)
-        after = entity.names if entity.status is not Status.MERGED else ()
+        live = entity.status is not Status.MERGED
+        after = entity.names if live else ()
         if old is None:
             self._index_new(eid, after)  # the start-up path: nothing to compare
             if self._bulk_anchors is None:
-                self._journal.append(((), after))
+                self._journal.append(((), entity.name_keys() if live else ()))
         else:
-            before = old.names if old.status is not Status.MERGED else ()
-            self._reindex(eid, before, after)
-            self._journal.append((before, after))
+            was_live = old.status is not Status.MERGED
+            self._reindex(eid, old.names if was_live else (), after)
+            self._journal.append((old.name_keys() if was_live else (),
+                                  entity.name_keys() if live else ()))
         self._max_ordinal = max(self._max_ordinal, entity.ordinal)
 
     def put_many(self, entities: Iterable[Entity]) -> None:
@@ -215,7 +219,7 @@ class NameIndex:
         self._file_placeholder(old, -1)
         if old is not None and old.status is not Status.MERGED:
             self._reindex(entity_id, old.names, ())
-            self._journal.append((old.names, ()))
+            self._journal.append((old.name_keys(), ()))
         else:
             self._journal.append(((), ()))
 
@@ -287,6 +291,18 @@ class NameIndex:
                 break
             if _is_anchor(n) and not self._variants.holds(n.key):
                 self._variants.add(n.key)
+
+
+def _anchor_keys(names: tuple[Name, ...]) -> set[str]:
+    """The keys of the anchors among names in matched_name order (surface forms, which are
+    never anchors, come last: a much-mentioned entity's thousands are not looked at)."""
+    found = set()
+    for n in names:
+        if n.kind is NameKind.SURFACE:
+            break
+        if _is_anchor(n):
+            found.add(n.key)
+    return found
 
 
 def _is_anchor(n: Name) -> bool:

@@ -121,9 +121,10 @@ def decide(index: IndexView, display: str, mention_type: str, k: str | None = No
     return _typo(index, k, mention_type)
 
 
-def still_stands(d: Decision, k: str, changed: Iterable[tuple[Name, ...]]) -> bool:
+def still_stands(d: Decision, k: str, changed: Iterable[Collection[str]]) -> bool:
     """Whether decision d, made for a mention with key k, is what decide() would answer after
-    entities with the `changed` names (each entity's before and after) changed, and nothing else.
+    entities whose names had the `changed` keys (each entity's before and after) changed, and
+    nothing else.
 
     An entity is looked at by rules 1 to 3 only through a name with key k, and by rule 4 only
     through a name whose key is one edit from k; rule 4 is reached only when rules 1 to 3 found
@@ -131,13 +132,13 @@ def still_stands(d: Decision, k: str, changed: Iterable[tuple[Name, ...]]) -> bo
     become none, so the answer stands.
     """
     near = d.rule is None or d.rule is Rule.TYPO  # rule 4 was looked at
-    for names in changed:
-        for n in names:
-            nk = n.key
-            if nk == k:
-                return False
-            if near and -1 <= len(nk) - len(k) <= 1 and one_edit_apart(nk, k):
-                return False
+    for keys in changed:
+        if k in keys:
+            return False
+        if near:
+            for nk in keys:
+                if -1 <= len(nk) - len(k) <= 1 and one_edit_apart(nk, k):
+                    return False
     return True
 
 

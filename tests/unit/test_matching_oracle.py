@@ -269,6 +269,7 @@ def test_much_mentioned_entities_grown_a_spelling_at_a_time_match_as_built_whole
             assert e.with_display(probe) == whole.with_display(probe)
             assert e.with_folded(fold(probe)) == whole.with_folded(fold(probe))
             assert e.entity_id in index.with_key(name.key)
+            assert set(e.name_keys()) == set(whole.name_keys())
         grown.append(e)
     _agree_on_random_mentions(rng, entities + grown, index, 150, seed)
 
