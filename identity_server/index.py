@@ -253,8 +253,7 @@ class NameIndex:
         if len(after) == len(before) + 1 and after[:-1] == before and self._bulk_anchors is None:
             added = after[-1]  # one name more (a new spelling): no pass over the others
             add(self._by_key, added.key, eid)
-            if _is_anchor(added) and not self._variants.holds(added.key):
-                self._variants.add(added.key)
+            self._file_anchors(eid, (added,))
             return
         old = {n.key for n in before}
         new = {n.key for n in after}
@@ -286,11 +285,9 @@ class NameIndex:
                 ):
                     collecting.append(k)
             return
-        for n in names:
-            if n.kind is NameKind.SURFACE:  # surface forms come last and are never anchors
-                break
-            if _is_anchor(n) and not self._variants.holds(n.key):
-                self._variants.add(n.key)
+        for k in _anchor_keys(names):
+            if not self._variants.holds(k):
+                self._variants.add(k)
 
 
 def _anchor_keys(names: tuple[Name, ...]) -> set[str]:

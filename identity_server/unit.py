@@ -197,7 +197,7 @@ class Unit:
             names = tuple(n for n in entity.names if n is not existing)
         else:
             names = entity.names
-        position = self._next_position(entity)
+        position = entity.next_position()  # orders names within a kind; only live ones need distinct
         self._new_names.append((entity.entity_id, NameRow(display, kind.value, position, source)))
         added = Name(display, kind, position)
         updated = (entity.with_name(added) if names is entity.names
@@ -215,11 +215,6 @@ class Unit:
         row = next((r for r in self.tx.name_rows(entity_id) if r.display == display), None)
         if row is not None and row.source == AUTHORITY:
             self.tx.put_names(entity_id, [dataclasses.replace(row, source=CURATOR)])
-
-    @staticmethod
-    def _next_position(entity: Entity) -> int:
-        """Positions order one entity's names within a kind; only live names need distinct ones."""
-        return entity.next_position()
 
     def upgrade_type(self, entity: Entity, entity_type: str) -> Entity:
         self.flush()
