@@ -229,7 +229,6 @@ def test_much_mentioned_entities_match_as_the_literal_reading_says(seed: int) ->
     _agree_on_random_mentions(rng, entities, index, 150, seed)
 
 
-
 @pytest.mark.parametrize("seed", range(4))
 def test_much_mentioned_entities_grown_a_spelling_at_a_time_match_as_built_whole(
         seed: int) -> None:
