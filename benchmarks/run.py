@@ -18,7 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_batch, bench_core, bench_ingest, bench_startup, bench_unary
+from benchmarks import (
+    bench_batch,
+    bench_core,
+    bench_ingest,
+    bench_spellings,
+    bench_startup,
+    bench_unary,
+)
 from benchmarks.common import ROOT, Row, echo_server, identity_server
 from benchmarks.data import build_store, copy_store, sample_entities, write_papers
 from benchmarks.grpc_load import Client
@@ -103,6 +110,8 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         point_10m = json.loads(TEN_M_JSON.read_text())["point"]
     big = max(p["core_sizes"])
     rows += bench_core.rows(points, at=big, point_10m=point_10m)
+    rows.append(bench_spellings.run(work))
+    step("much-mentioned spelling")
 
     # Goals 1, 2 and the serve start-up of 4: one server process over a copy of the big store.
     grpc_db = copy_store(stores[p["grpc_n"]], work / "grpc.sqlite")
