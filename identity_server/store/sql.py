@@ -440,13 +440,15 @@ class _Statements:
         self.insert_changes = raw(
             "changes", ("seq", "kind", "entity_id", "other_id", "detail", "recorded_at")
         )
-        insert = sqlite.insert if is_sqlite else postgresql.insert
-        links = insert(t.links)
-        self.upsert_link = links.on_conflict_do_update(
-            index_elements=["a", "b"],
-            set_={"state": links.excluded.state, "actor": links.excluded.actor,
-                  "reason": links.excluded.reason, "decided_at": links.excluded.decided_at},
+        # A new or ambiguous mention with candidates looks up and writes a link per candidate.
+        self.upsert_link = raw(
+            "links", ("a", "b", "state", "created_seq", "actor", "reason", "decided_at"),
+            " ON CONFLICT (a, b) DO UPDATE SET state = excluded.state, actor = excluded.actor,"
+            " reason = excluded.reason, decided_at = excluded.decided_at",
         )
+        self.link = "SELECT a, b, state, created_seq FROM links WHERE " + (
+            "a = :a AND b = :b" if is_sqlite else "a = %(a)s AND b = %(b)s")
+        insert = sqlite.insert if is_sqlite else postgresql.insert
         replies = insert(t.batch_replies)
         self.upsert_reply = replies.on_conflict_do_update(
             index_elements=["request_hash"],
@@ -663,19 +665,20 @@ class Tx:
 
     def link(self, x: str, y: str) -> LinkRow | None:
         a, b = ordered_pair(x, y)
-        r = self.conn.execute(
-            select(t.links).where(t.links.c.a == a, t.links.c.b == b)
-        ).first()
-        return LinkRow(r.a, r.b, r.state, r.created_seq) if r is not None else None
+        cursor = self._driver().cursor()
+        try:
+            cursor.execute(self._sql.link, {"a": a, "b": b})
+            r = cursor.fetchone()
+        finally:
+            cursor.close()
+        return LinkRow(*r) if r is not None else None
 
     def put_link(self, x: str, y: str, state: str, seq: int, *, actor: str | None = None,
                  reason: str | None = None, now: float | None = None) -> None:
         a, b = ordered_pair(x, y)
-        self.conn.execute(
-            self._sql.upsert_link,
+        self._driver_many(self._sql.upsert_link, [
             {"a": a, "b": b, "state": state, "created_seq": seq, "actor": actor,
-             "reason": reason, "decided_at": now},
-        )
+             "reason": reason, "decided_at": now}])
 
     def set_link_state(self, x: str, y: str, state: str) -> None:
         a, b = ordered_pair(x, y)
