@@ -448,6 +448,11 @@ class _Statements:
         )
         self.link = "SELECT a, b, state, created_seq FROM links WHERE " + (
             "a = :a AND b = :b" if is_sqlite else "a = %(a)s AND b = %(b)s")
+        # Every ambiguous mention looks up its placeholder; the first makes it.
+        self.insert_placeholder = raw("placeholders", ("display", "entity_type", "entity_id"))
+        self.placeholder = "SELECT entity_id FROM placeholders WHERE " + (
+            "display = :display AND entity_type = :entity_type" if is_sqlite
+            else "display = %(display)s AND entity_type = %(entity_type)s")
         insert = sqlite.insert if is_sqlite else postgresql.insert
         replies = insert(t.batch_replies)
         self.upsert_reply = replies.on_conflict_do_update(
@@ -492,6 +497,16 @@ class Tx:
         raw = self.conn.connection.driver_connection
         assert raw is not None
         return raw
+
+    def _driver_one(self, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+        """The first row of a query on the driver connection, in this transaction."""
+        cursor = self._driver().cursor()
+        try:
+            cursor.execute(sql, params)
+            row: tuple[Any, ...] | None = cursor.fetchone()
+            return row
+        finally:
+            cursor.close()
 
     def _driver_many(self, sql: str, rows: list[dict[str, Any]]) -> None:
         """One statement for many rows on the driver connection, in this transaction."""
@@ -648,29 +663,19 @@ class Tx:
     # -- placeholders --------------------------------------------------------------------------
 
     def placeholder(self, display: str, entity_type: str) -> str | None:
-        return self.conn.scalar(
-            select(t.placeholders.c.entity_id).where(
-                t.placeholders.c.display == display, t.placeholders.c.entity_type == entity_type
-            )
-        )
+        row = self._driver_one(self._sql.placeholder,
+                               {"display": display, "entity_type": entity_type})
+        return row[0] if row is not None else None
 
     def insert_placeholder(self, display: str, entity_type: str, entity_id: str) -> None:
-        self.conn.execute(
-            t.placeholders.insert().values(
-                display=display, entity_type=entity_type, entity_id=entity_id
-            )
-        )
+        self._driver_many(self._sql.insert_placeholder, [
+            {"display": display, "entity_type": entity_type, "entity_id": entity_id}])
 
     # -- links ---------------------------------------------------------------------------------
 
     def link(self, x: str, y: str) -> LinkRow | None:
         a, b = ordered_pair(x, y)
-        cursor = self._driver().cursor()
-        try:
-            cursor.execute(self._sql.link, {"a": a, "b": b})
-            r = cursor.fetchone()
-        finally:
-            cursor.close()
+        r = self._driver_one(self._sql.link, {"a": a, "b": b})
         return LinkRow(*r) if r is not None else None
 
     def put_link(self, x: str, y: str, state: str, seq: int, *, actor: str | None = None,
