@@ -31,7 +31,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import RootTransaction
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
@@ -413,9 +412,12 @@ def _safe(url: str) -> str:
 class _Statements:
     """Statements built once per dialect, so SQLAlchemy compiles each only once.
 
-    The four written on every resolve are plain SQL run on the driver's own cursor: the text is
-    the same for SQLite and PostgreSQL (both have `ON CONFLICT ... DO UPDATE`), only the parameter
-    style differs, and SQLAlchemy's per-statement layers cost more than the driver's work.
+    Those a resolve or a batch runs (names, evidence, entities, the change feed, links,
+    placeholders, the stored reply) are plain SQL run on the driver's own cursor: the text is the
+    same for SQLite and PostgreSQL (both have `ON CONFLICT ... DO UPDATE`), only the parameter
+    style differs, and SQLAlchemy's per-statement layers cost more than the driver's work (a
+    placeholder lookup built as a Core select took 104 µs on SQLite, the same query on the
+    cursor 3 µs).
     """
 
     def __init__(self, is_sqlite: bool) -> None:
@@ -453,11 +455,10 @@ class _Statements:
         self.placeholder = "SELECT entity_id FROM placeholders WHERE " + (
             "display = :display AND entity_type = :entity_type" if is_sqlite
             else "display = %(display)s AND entity_type = %(entity_type)s")
-        insert = sqlite.insert if is_sqlite else postgresql.insert
-        replies = insert(t.batch_replies)
-        self.upsert_reply = replies.on_conflict_do_update(
-            index_elements=["request_hash"],
-            set_={"reply": replies.excluded.reply, "created_at": replies.excluded.created_at},
+        self.upsert_reply = raw(
+            "batch_replies", ("request_hash", "reply", "created_at"),
+            " ON CONFLICT (request_hash) DO UPDATE SET reply = excluded.reply,"
+            " created_at = excluded.created_at",
         )
         self.changes_after = (
             select(t.changes).where(t.changes.c.seq > bindparam("after")).order_by(t.changes.c.seq)
@@ -776,15 +777,13 @@ class Tx:
     # -- idempotent batch replies ----------------------------------------------------------------
 
     def batch_reply(self, request_hash: str, *, not_before: float) -> str | None:
-        reply: str | None = self.conn.exec_driver_sql(
-            self._sql.batch_reply, {"request_hash": request_hash, "not_before": not_before}
-        ).scalar()
-        return reply
+        row = self._driver_one(
+            self._sql.batch_reply, {"request_hash": request_hash, "not_before": not_before})
+        return row[0] if row is not None else None
 
     def put_batch_reply(self, request_hash: str, reply: str, *, now: float) -> None:
-        self.conn.execute(
-            self._sql.upsert_reply, {"request_hash": request_hash, "reply": reply, "created_at": now}
-        )
+        self._driver_many(self._sql.upsert_reply,
+                          [{"request_hash": request_hash, "reply": reply, "created_at": now}])
 
     def purge_batch_replies(self, *, before: float) -> None:
         self.conn.execute(t.batch_replies.delete().where(t.batch_replies.c.created_at < before))
