@@ -197,7 +197,8 @@ class Unit:
             names = tuple(n for n in entity.names if n is not existing)
         else:
             names = entity.names
-        position = entity.next_position()  # orders names within a kind; only live ones need distinct
+        # Positions order an entity's names within a kind; only live names need distinct ones.
+        position = entity.next_position()
         self._new_names.append((entity.entity_id, NameRow(display, kind.value, position, source)))
         added = Name(display, kind, position)
         updated = (entity.with_name(added) if names is entity.names
