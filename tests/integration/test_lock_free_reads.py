@@ -9,6 +9,7 @@ entities and merges never see an error or a wrong answer.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -89,6 +90,21 @@ def test_settled_lookups_take_no_lock(service: IdentityService) -> None:
     assert counting.taken <= taken + 1  # the first read after the write settles, once
 
 
+@pytest.fixture
+def frequent_thread_switches() -> Iterator[None]:
+    """Threads hand over the GIL every 0.1 ms instead of 5: more interleavings of readers and
+    writer per second, and the writer, which gives the GIL up at each SQLite call, gets it back
+    without waiting behind four busy readers for 5 ms each time (at the default interval
+    this test took ~80 s, nearly all of it the writer queueing for the GIL)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.0001)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+@pytest.mark.usefixtures("frequent_thread_switches")
 @pytest.mark.parametrize("typo_pack_at", [50_000, 8], ids=["overlay", "packing"])
 def test_readers_racing_a_writer_always_get_the_settled_answer(
     service: IdentityService, typo_pack_at: int
