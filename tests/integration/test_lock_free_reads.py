@@ -3,7 +3,8 @@
 A settled index answers lookups without taking the lock; a read that overlaps a change of the
 index is detected by the index version and answered again under the lock. These tests check both
 halves: quiet reads take no lock at all, and readers racing a writer that keeps adding aliases,
-entities and merges never see an error or a wrong answer.
+entities and merges never see an error or a wrong answer; and, since a race may not happen to
+hit the window it tests, the protocol itself, with a change stepped in by hand.
 """
 
 from __future__ import annotations
@@ -88,6 +89,59 @@ def test_settled_lookups_take_no_lock(service: IdentityService) -> None:
     for _ in range(20):
         assert service.resolve("attention model", "method", lookup_only=True).entity_id == "Q1"
     assert counting.taken <= taken + 1  # the first read after the write settles, once
+
+
+def test_a_read_the_index_changed_under_is_answered_again_under_the_lock(
+    service: IdentityService,
+) -> None:
+    """The optimistic protocol itself, without relying on a race to happen: a lock-free read
+    during which a change began or ended (the index version moved) does not stand, even when it
+    returned normally or failed, and is worked out again under the lock; a read during which
+    nothing moved stands, and its error is the caller's."""
+    service.resolve("Transformer", "method", lookup_only=True)  # settles the index
+    counting = CountingLock()
+    service._lock = counting  # type: ignore[assignment]
+    calls: list[bool] = []
+
+    def settled() -> str:
+        calls.append(True)
+        return "settled"
+
+    def fails() -> str:
+        raise ValueError("the caller's own")
+
+    def changed_meanwhile(outcome: str) -> Any:
+        def work() -> str:
+            first = not calls
+            calls.append(first)
+            if first:
+                service._index_version += 2  # a whole change went by during this read
+                if outcome == "error":
+                    raise KeyError("an entity vanished under the read")
+                return "torn"
+            return "settled"
+        return work
+
+    for outcome in ("value", "error"):
+        calls.clear()
+        taken = counting.taken
+        assert service._answer(changed_meanwhile(outcome)) == "settled"
+        assert calls == [True, False] and counting.taken == taken + 1
+
+    service._index_version += 1  # a change under way: not even tried without the lock
+    try:
+        calls.clear()
+        taken = counting.taken
+        assert service._answer(settled) == "settled"
+        assert calls == [True] and counting.taken == taken + 1
+    finally:
+        service._index_version += 1
+
+    taken = counting.taken
+    assert service._answer(lambda: "quiet") == "quiet"
+    with pytest.raises(ValueError, match="the caller's own"):
+        service._answer(fails)
+    assert counting.taken == taken
 
 
 @pytest.fixture
