@@ -6,6 +6,7 @@ single edits); the index oracle compares NameIndex.typo_neighbours with a scan o
 
 from __future__ import annotations
 
+import random
 import unicodedata
 
 import pytest
@@ -378,6 +379,39 @@ def test_a_load_files_each_shared_anchor_key_once_and_never_misses_one() -> None
         assert fast_typo(index, probe) == brute_force_typo(truth, probe), probe
     assert fast_typo(index, "grapnet") == {("graphnet", "e2")}
     assert fast_typo(index, "transformr") == {("transformer", "e1"), ("transformer", "e3")}
+
+
+def test_every_variant_of_every_anchor_is_found_built_filed_and_packed() -> None:
+    """Each packed word is one (variant, anchor) pair: losing any one of them (a shard cut one
+    word off, a bucket directory off by one) loses a typo for the keys that share that variant
+    only. So every deletion variant of every anchor is probed - after a build, with more anchors
+    waiting in the overlay, and after a pack that must widen the anchor numbers."""
+    rng = random.Random(7)
+    letters = "abcdefghijklmnopqrstuvwxyzéß0123456789#+"
+    unique = {"".join(rng.choices(letters, k=rng.randrange(4, 14))) for _ in range(5000)}
+    # 2,000 built get 12-bit numbers (room for 4,096); 4,097 in all need one bit more, just.
+    anchors = sorted(unique)[:4097]
+    rng.shuffle(anchors)
+    built, filed = anchors[:2000], anchors[2000:]
+
+    def all_found(keys: list[str]) -> None:
+        for k in keys:
+            for i in range(len(k) + 1):
+                probe = k[:i] + k[i + 1 :] if i < len(k) else k
+                assert k in table.anchors_near(probe), (k, probe)
+
+    table = DeletionVariantTable()
+    table.rebuild(built)
+    all_found(built)
+    for k in filed:
+        table.add(k)
+    all_found(anchors)
+    pack = table.begin_pack()
+    DeletionVariantTable.build(pack)
+    assert table.install(pack)
+    pack.release()
+    assert (table.packed_anchors, table.overlay_anchors) == (len(anchors), 0)
+    all_found(anchors)
 
 
 def test_an_abandoned_pack_puts_its_anchors_back_in_the_overlay() -> None:
