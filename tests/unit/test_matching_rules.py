@@ -331,6 +331,22 @@ def test_placeholder_found_alone_at_rule_1_converges_exact(service: IdentityServ
     assert r2.candidates == (r1.entity_id,)
 
 
+def test_a_repeated_ambiguous_resolve_names_the_links_that_already_exist(
+        service: IdentityService) -> None:
+    """A reply's possibly_same_as lists the best candidates its entity is linked to 'whether the
+    link is new or already existed'; a pair a curator called distinct is left out (the proto)."""
+    load(service, rec("J1", "John Smith", "person"), rec("J2", "John Smith", "person"))
+    first = service.resolve("John Smith", "person")  # ambiguous at rule 1: a placeholder
+    ph = first.entity_id
+    assert (first.match_kind, first.created, first.possibly_same_as) == (AMBIG, True, ("J1", "J2"))
+    again = service.resolve("John Smith", "person")  # the canonicals still outrank it
+    assert (again.entity_id, again.match_kind, again.created) == (ph, AMBIG, False)
+    assert again.possibly_same_as == ("J1", "J2")
+    service.settle(ph, "J1", "distinct", actor="curator", reason="another John Smith")
+    after = service.resolve("John Smith", "person")
+    assert (after.entity_id, after.match_kind, after.possibly_same_as) == (ph, AMBIG, ("J2",))
+
+
 def test_placeholder_linked_to_candidates_that_appear_later(service: IdentityService) -> None:
     """Linked 'to every best-ranked candidate ..., including candidates that appear later';
     placeholders are never 'merged on import'."""
@@ -998,6 +1014,20 @@ def test_reimport_replaces_authority_data_and_keeps_the_rest(service: IdentitySe
     assert (r.entity_id, r.match_kind) == ("Q", ALIAS)
     gone = service.resolve("Old Alias", "method")
     assert gone.entity_id != "Q"
+
+
+def test_a_type_changed_by_reimport_is_stored_not_only_indexed(
+        make_service: Callable[..., IdentityService]) -> None:
+    """The new type is in the store: another server opening it (or this one restarted) reads
+    it, and matches by it."""
+    first = make_service("retyped")
+    load(first, rec("Q", "Quorbex Engine", "tool"))
+    load(first, rec("Q", "Quorbex Engine", "method"))
+    assert first.get_entity("Q").entity_type == "method"
+    opened = make_service("retyped")  # the same file, its index built from the store
+    assert opened.get_entity("Q").entity_type == "method"
+    r = opened.resolve("Quorbex Engine", "method", lookup_only=True)
+    assert (r.entity_id, r.match_kind) == ("Q", EXACT)
 
 
 def test_reimport_keeps_aliases_of_curators_and_merges_that_the_authority_listed_and_dropped(
