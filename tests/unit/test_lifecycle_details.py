@@ -52,6 +52,33 @@ def test_a_merged_entity_shows_no_evidence_of_its_own(service: IdentityService) 
     assert (live.evidence_count, live.paper_count) == (2, 2)
 
 
+def test_an_alias_added_over_a_surface_form_replaces_it_and_over_a_name_or_alias_changes_nothing(
+    service: IdentityService,
+) -> None:
+    """AddAlias of a spelling the entity holds as a surface form makes it an alias (listed once,
+    matching as ALIAS from then on); of its name or one of its aliases, nothing changes. The
+    change feed says which it was."""
+    service.import_lines([record("Q1", "Mem Castle", "tool")])
+    assert service.resolve("MEM CASTLE", "tool").match_kind is MatchKind.CASE
+    assert service.get_entity("Q1").surface_forms == ("MEM CASTLE",)
+    view = service.add_alias("Q1", "MEM CASTLE")
+    assert (view.name, view.aliases, view.surface_forms) == ("Mem Castle", ("MEM CASTLE",), ())
+    reply = service.resolve("MEM CASTLE", "tool", lookup_only=True)
+    assert (reply.entity_id, reply.match_kind, reply.matched_name) == (
+        "Q1", MatchKind.ALIAS, "MEM CASTLE"
+    )
+    last = service.list_changes(0)[-1].seq
+    for unchanged in ("Mem Castle", "MEM CASTLE"):
+        view = service.add_alias("Q1", unchanged)
+        assert (view.name, view.aliases, view.surface_forms) == (
+            "Mem Castle", ("MEM CASTLE",), ()
+        )
+    assert service.list_changes(last) == []
+    added = [(c.kind, c.detail) for c in service.list_changes(0) if c.entity_id == "Q1"][1:]
+    assert added == [("surface_form_added", {"surface_form": "MEM CASTLE"}),
+                     ("alias_added", {"alias": "MEM CASTLE"})]
+
+
 def test_a_name_that_becomes_an_alias_is_recorded_as_one_after_the_existing_aliases(
     service: IdentityService,
 ) -> None:
