@@ -1030,6 +1030,21 @@ def test_a_type_changed_by_reimport_is_stored_not_only_indexed(
     assert (r.entity_id, r.match_kind) == ("Q", EXACT)
 
 
+def test_a_merge_leaves_the_targets_own_spelling_of_a_shared_name_as_it_was(
+        make_service: Callable[..., IdentityService]) -> None:
+    """Merging an entity whose name the target already has moves nothing onto it: the target's
+    name stays its name, in the store as in the index (another server opening the store reads
+    the same), and an exact mention still matches it as EXACT, not ALIAS."""
+    first = make_service("shared")
+    load(first, rec("Q1", "Quorbex Engine", "tool", "QE"), rec("Q2", "Quorbex Engine", "tool"))
+    first.merge("Q2", "Q1")
+    for svc in (first, make_service("shared")):
+        view = svc.get_entity("Q1")
+        assert (view.name, view.aliases, view.surface_forms) == ("Quorbex Engine", ("QE",), ())
+        r = svc.resolve("Quorbex Engine", "tool", lookup_only=True)
+        assert (r.entity_id, r.match_kind, r.matched_name) == ("Q1", EXACT, "Quorbex Engine")
+
+
 def test_reimport_keeps_aliases_of_curators_and_merges_that_the_authority_listed_and_dropped(
         service: IdentityService) -> None:
     """'aliases added by curators or merges stay', also after the authority listed them for a
