@@ -74,7 +74,9 @@ def test_an_alias_added_over_a_surface_form_replaces_it_and_over_a_name_or_alias
             "Mem Castle", ("MEM CASTLE",), ()
         )
     assert service.list_changes(last) == []
-    added = [(c.kind, c.detail) for c in service.list_changes(0) if c.entity_id == "Q1"][1:]
+    imported, *added = [(c.kind, c.detail) for c in service.list_changes(0)
+                        if c.entity_id == "Q1"]
+    assert imported[0] == "imported"
     assert added == [("surface_form_added", {"surface_form": "MEM CASTLE"}),
                      ("alias_added", {"alias": "MEM CASTLE"})]
 
