@@ -421,9 +421,16 @@ class _Statements:
     """
 
     def __init__(self, is_sqlite: bool) -> None:
+        def mark(name: str) -> str:
+            """A named parameter in the driver's style (sqlite3: `:name`, psycopg: `%(name)s`)."""
+            return f":{name}" if is_sqlite else f"%({name})s"
+
         def raw(table: str, columns: tuple[str, ...], tail: str = "") -> str:
-            marks = ", ".join(f":{c}" if is_sqlite else f"%({c})s" for c in columns)
+            marks = ", ".join(mark(c) for c in columns)
             return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){tail}"
+
+        def equal(*columns: str) -> str:
+            return " AND ".join(f"{c} = {mark(c)}" for c in columns)
 
         self.upsert_names = raw(
             "names", ("entity_id", "display", "kind", "position", "source"),
@@ -448,13 +455,11 @@ class _Statements:
             " ON CONFLICT (a, b) DO UPDATE SET state = excluded.state, actor = excluded.actor,"
             " reason = excluded.reason, decided_at = excluded.decided_at",
         )
-        self.link = "SELECT a, b, state, created_seq FROM links WHERE " + (
-            "a = :a AND b = :b" if is_sqlite else "a = %(a)s AND b = %(b)s")
+        self.link = "SELECT a, b, state, created_seq FROM links WHERE " + equal("a", "b")
         # Every ambiguous mention looks up its placeholder; the first makes it.
         self.insert_placeholder = raw("placeholders", ("display", "entity_type", "entity_id"))
-        self.placeholder = "SELECT entity_id FROM placeholders WHERE " + (
-            "display = :display AND entity_type = :entity_type" if is_sqlite
-            else "display = %(display)s AND entity_type = %(entity_type)s")
+        self.placeholder = "SELECT entity_id FROM placeholders WHERE " + equal(
+            "display", "entity_type")
         self.upsert_reply = raw(
             "batch_replies", ("request_hash", "reply", "created_at"),
             " ON CONFLICT (request_hash) DO UPDATE SET reply = excluded.reply,"
@@ -465,14 +470,13 @@ class _Statements:
         )
         # Every batch with a context asks this first, and nearly always gets nothing back.
         self.batch_reply = (
-            "SELECT reply FROM batch_replies WHERE request_hash = "
-            + (":request_hash AND created_at >= :not_before" if is_sqlite
-               else "%(request_hash)s AND created_at >= %(not_before)s")
+            f"SELECT reply FROM batch_replies WHERE {equal('request_hash')}"
+            f" AND created_at >= {mark('not_before')}"
         )
         # Every write transaction asks this first, and nearly always gets nothing back.
         self.changes_after_raw = (
             "SELECT seq, kind, entity_id, other_id, detail, recorded_at FROM changes"
-            f" WHERE seq > {':after' if is_sqlite else '%(after)s'} ORDER BY seq"
+            f" WHERE seq > {mark('after')} ORDER BY seq"
         )
 
 
