@@ -109,7 +109,7 @@ class NameIndex:
             self._collect_placeholders(values(self._by_key, k), entity.entity_id, found)
         near = self._placeholder_variants
         if by_typo and near:
-            for k in _anchor_keys(entity.names):
+            for k in anchor_keys(entity.names):
                 for variant in deletion_variants(k):
                     if variant in near:
                         self._collect_placeholders(values(near, variant), entity.entity_id, found)
@@ -285,12 +285,12 @@ class NameIndex:
                 ):
                     collecting.append(k)
             return
-        for k in _anchor_keys(names):
+        for k in anchor_keys(names):
             if not self._variants.holds(k):
                 self._variants.add(k)
 
 
-def _anchor_keys(names: tuple[Name, ...]) -> set[str]:
+def anchor_keys(names: tuple[Name, ...]) -> set[str]:
     """The keys of the anchors among names in matched_name order (surface forms, which are
     never anchors, come last: a much-mentioned entity's thousands are not looked at)."""
     found = set()
@@ -307,4 +307,4 @@ def _is_anchor(n: Name) -> bool:
     return n.kind is not NameKind.SURFACE and len(n.key) >= MIN_TYPO_KEY
 
 
-__all__ = ["MIN_TYPO_KEY", "NameIndex", "deletion_variants"]
+__all__ = ["MIN_TYPO_KEY", "NameIndex", "anchor_keys", "deletion_variants"]

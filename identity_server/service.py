@@ -39,7 +39,7 @@ from identity_server.errors import (
     InvalidArgument,
     StoreUnavailable,
 )
-from identity_server.index import NameIndex
+from identity_server.index import NameIndex, anchor_keys
 from identity_server.matching import Decision, Outcome, decide, pair_candidates, still_stands
 from identity_server.normalize import display_form, key, warm_up
 from identity_server.store.sql import ChangeRecord, LinkRow, SqlStore, Tx, WouldBlock
@@ -294,18 +294,24 @@ class IdentityService:
     def _link_placeholders_to_later_candidates(self, u: Unit) -> None:
         """SPEC: a placeholder is linked to every best-ranked candidate of its pair, 'including
         candidates that appear later'. An entity this unit gave a name, a type or a status may be
-        one. Each placeholder it meets, by a shared key (rules 1-3) or by a name or alias one
-        edit from the pair's key (rule 4; a surface form is never a typo anchor), has its pair
-        decided again without itself and is linked to the best (a pair a curator settled stays
-        settled)."""
+        one; one it merged away or took a name from may have been a pair's best, leaving others
+        best. Each placeholder it meets (or met, by the names it lost), by a shared key (rules
+        1-3) or by a name or alias one edit from the pair's key (rule 4; a surface form is never
+        a typo anchor), has its pair decided again without itself and is linked to the best (a
+        pair a curator settled stays settled)."""
         checked: set[str] = set()
         index = self.index
-        touched, u.touched_since_linking = u.touched_since_linking, set()
-        for eid in touched:
+        touched, u.touched_since_linking = u.touched_since_linking, {}
+        for eid, before in touched.items():
             entity = index.get(eid)  # a new placeholder can be another pair's best candidate
-            if entity is None or entity.status is Status.MERGED:
-                continue
-            near = index.placeholders_near(entity, by_typo=eid in u.reanchored)
+            near = []
+            if entity is not None and entity.status is not Status.MERGED:
+                near = index.placeholders_near(entity, by_typo=eid in u.reanchored)
+            if (before is not None and eid in u.reanchored  # not a surface form alone
+                    and before.status is not Status.MERGED and _lost_names(before, entity)):
+                # It left pairs it was a candidate of (merged away, or a name retired): their
+                # other candidates may be best now.
+                near += index.placeholders_near(before)
             for placeholder in near:
                 if placeholder.entity_id not in checked:
                     checked.add(placeholder.entity_id)
@@ -1022,6 +1028,17 @@ def _checked_id(value: str, what: str = "id") -> str:
         raise InvalidArgument(f"{what} is {len(value)} characters long; the limit is "
                               f"{MAX_ID_LENGTH} ({value[:40]!r}...)")
     return value
+
+
+def _lost_names(before: Entity, after: Entity | None) -> bool:
+    """Whether `after` (None: gone) lacks a key or a typo anchor that `before` had."""
+    if after is None or after.status is Status.MERGED:
+        return bool(before.names)
+    if after.names is before.names:
+        return False
+    keys = after.name_keys()
+    return (any(k not in keys for k in before.name_keys())
+            or not anchor_keys(before.names) <= anchor_keys(after.names))
 
 
 def _takes_type(e: Entity, m: Mention) -> bool:

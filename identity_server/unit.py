@@ -53,8 +53,10 @@ class Unit:
         self.changes: list[ChangeRecord] = []
         self.touched: set[str] = set()
         # Touched since the service last linked placeholders to new candidates (after each
-        # resolve, so a candidate that is best only between two mentions of a batch counts).
-        self.touched_since_linking: set[str] = set()
+        # resolve, so a candidate that is best only between two mentions of a batch counts),
+        # each with its version from before (None: new), whose names may have put it among a
+        # placeholder pair's candidates that its present names no longer do (a merged source).
+        self.touched_since_linking: dict[str, Entity | None] = {}
         # Touched otherwise than by a surface form alone (which is never a typo anchor): given a
         # name, an alias, a type or a status, so possibly a placeholder pair's rule-4 candidate.
         self.reanchored: set[str] = set()
@@ -70,11 +72,13 @@ class Unit:
         return self.seq
 
     def put(self, entity: Entity, *, surface_form_only: bool = False) -> None:
+        eid = entity.entity_id
+        if eid not in self.touched_since_linking:
+            self.touched_since_linking[eid] = self.index.get(eid)
         self.index.put(entity)
-        self.touched.add(entity.entity_id)
-        self.touched_since_linking.add(entity.entity_id)
+        self.touched.add(eid)
         if not surface_form_only:
-            self.reanchored.add(entity.entity_id)
+            self.reanchored.add(eid)
 
     def add_evidence(self, entity_id: str, context_id: str, surface: str, raw_type: str) -> None:
         """Buffered: written in one statement by `flush` (before commit or a count)."""

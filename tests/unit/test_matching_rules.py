@@ -421,6 +421,24 @@ def test_a_new_placeholder_is_linked_as_a_later_candidate_of_another_pair(
     assert pair(first.entity_id, second.entity_id) in links(service)
 
 
+def test_placeholder_linked_to_a_candidate_that_becomes_best_when_the_best_is_merged_away(
+        service: IdentityService) -> None:
+    """A candidate that was outranked becomes best-ranked when the ones above it are merged
+    into an entity that is no candidate of the pair (a provisional source's name becomes a
+    surface form, never a typo anchor): linked then too (found by the model-based test)."""
+    s1 = new_id(service, "Sequoia", "other")
+    s2 = new_id(service, "Sequoiaxy", "other")  # two edits from Sequoia: an entity of its own
+    r = service.resolve("Sequoiax", "other")  # rule 4: one edit from both, equal rank
+    ph = r.entity_id
+    assert (r.match_kind, set(r.possibly_same_as)) == (AMBIG, {s1, s2})
+    load(service, rec("Q1", "Sequoiay", "person"))  # a candidate too, through `other`: outranked
+    assert links(service) == {pair(ph, s1), pair(ph, s2)}
+    target = new_id(service, "Redwood", "other")
+    service.merge(s1, target)
+    service.merge(s2, target)  # the pair's candidates now: Q1 alone
+    assert links(service) == {pair(ph, target), pair(ph, "Q1")}  # the first two moved
+
+
 def test_a_batch_links_a_candidate_that_is_best_only_between_two_of_its_mentions(
         service: IdentityService) -> None:
     """A batch 'equals resolving the mentions one at a time in that order': a candidate that a
