@@ -1,0 +1,468 @@
+"""Resolve, call after call, against a model of SPEC section 2 that keeps its own state.
+
+`test_matching_oracle` checks one decision over a fixed world. This checks what the decisions
+do to the world: surface forms recorded on convergence, provisional `other` entities taking a
+mention's type, one placeholder per ambiguous (display form, type) pair, `possibly_same_as`
+links for ambiguous and weak outcomes and for a placeholder's candidates that appear later, and
+every field of every reply. The model shares nothing with identity_server's matching, index or
+service code: it rescans its own list of entities for each rule. It uses the display-form, key
+and one-edit functions, which are the spec's definitions (tested on their own).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypedDict
+
+import pytest
+
+from identity_server.domain import MatchKind, Status
+from identity_server.errors import FailedPrecondition
+from identity_server.normalize import WHITE_SPACE, display_form, key, one_edit_apart
+from identity_server.server import build_service
+from identity_server.service import IdentityService
+from identity_server.settings import Settings
+
+OTHER = "other"
+TYPES = ("person", "organization", "place", "method", "dataset", "task", "metric", "material",
+         "tool", "concept", "other")
+RAW_TYPES = ("person", "method", "dataset", "other", " Person ", "METHOD", "", "wizard")
+BASE_NAMES = (
+    "Ada Lovelace", "Alan Turing", "Grace Hopper", "Maria", "Mario", "Marie Curie", "BERT",
+    "RoBERTa", "ResNet-50", "ResNet 50", "Windows 10", "Windows 1.0", "COVID-19", "C#", "C",
+    "C++", "Go", "GPT-3", "ImageNet", "Image Net", "MNIST", "CIFAR-10", "Mem-Castle",
+    "Transformer", "Transformers", "Adam", "Adams", "SQuAD v1.1", "Straße", "café", "LSTM",
+    "Long Short-Term Memory", "Mercury", "Mercury Planet", "Jaguar", "Jaguars", "Amazon",
+    "Word2Vec", "word2vec", "Random Forest", "Random Forests", "Al Turing",
+)
+
+
+class Record(TypedDict):
+    """An authority record, as the import reads it."""
+
+    id: str
+    name: str
+    type: str
+    aliases: list[str]
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelEntity:
+    entity_id: str
+    entity_type: str
+    canonical: bool
+    ordinal: int
+    placeholder: bool = False
+    merged_into: ModelEntity | None = None
+    # (display form, kind) with kind "name", "alias" or "surface", in matched_name order: the
+    # name, aliases and surface forms, each kind in the order recorded.
+    names: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, display: str, kind: str) -> None:
+        order = {"name": 0, "alias": 1, "surface": 2}
+        self.names.append((display, kind))
+        self.names.sort(key=lambda n: order[n[1]])  # stable: each kind keeps its order
+
+
+@dataclass(frozen=True)
+class Reply:
+    entity_id: str
+    status: Status | None
+    match_kind: MatchKind
+    created: bool
+    possibly_same_as: frozenset[str]
+    candidates: tuple[str, ...]
+    name: str
+    matched_name: str
+    entity_type: str
+    display_form: str
+
+
+class Model:
+    """SPEC section 2, read literally, over a list of entities."""
+
+    def __init__(self) -> None:
+        self.entities: list[ModelEntity] = []
+        self.placeholders: dict[tuple[str, str], ModelEntity] = {}
+        self.links: set[frozenset[str]] = set()  # open possibly_same_as links
+        self.distinct: set[frozenset[str]] = set()  # pairs a curator called distinct
+        self._made = 0
+
+    def add_canonical(self, entity_id: str, name: str, entity_type: str,
+                      aliases: list[str]) -> None:
+        e = ModelEntity(entity_id, entity_type, True, len(self.entities) + 1)
+        e.add(display_form(name), "name")
+        for a in aliases:
+            if all(display_form(a) != n[0] for n in e.names):
+                e.add(display_form(a), "alias")
+        self.entities.append(e)
+
+    def _new(self, display: str, entity_type: str, *, placeholder: bool) -> ModelEntity:
+        self._made += 1
+        e = ModelEntity(f"new{self._made}", entity_type, False, len(self.entities) + 1,
+                        placeholder)
+        e.add(display, "name")
+        self.entities.append(e)
+        return e
+
+    @staticmethod
+    def mention_type(raw: str) -> str:
+        t = raw.strip("".join(WHITE_SPACE)).casefold()
+        return t if t in TYPES else OTHER
+
+    @staticmethod
+    def types_compatible(x: str, y: str) -> bool:
+        return x == y or OTHER in (x, y)
+
+    @staticmethod
+    def compatible(e: ModelEntity, t: str) -> bool:
+        if e.placeholder:
+            return e.entity_type == t
+        return Model.types_compatible(e.entity_type, t)
+
+    @staticmethod
+    def rank(e: ModelEntity, t: str) -> tuple[int, int]:
+        return (0 if e.entity_type == t else 1, 0 if e.canonical else 1)
+
+    def decide(self, display: str, t: str, *, without: ModelEntity | None = None
+               ) -> tuple[str, MatchKind, list[ModelEntity], list[ModelEntity], str]:
+        """(outcome, kind, candidates in order, best-ranked, matched name of the first best)."""
+        k = key(display)
+
+        def rule(matches: Callable[[str], bool], anchors_only: bool = False
+                 ) -> list[tuple[ModelEntity, list[tuple[str, str]]]]:
+            found = []
+            for e in self.entities:
+                if e is without or e.merged_into is not None or not self.compatible(e, t):
+                    continue
+                names = [n for n in e.names
+                         if not (anchors_only and n[1] == "surface") and matches(n[0])]
+                if names:
+                    found.append((e, names))
+            found.sort(key=lambda x: (self.rank(x[0], t), x[0].ordinal))
+            return found
+
+        def outcome(found: list[tuple[ModelEntity, list[tuple[str, str]]]], kind: MatchKind,
+                    weak: bool) -> tuple[str, MatchKind, list[ModelEntity], list[ModelEntity], str]:
+            top = self.rank(found[0][0], t)
+            best = [x for x in found if self.rank(x[0], t) == top]
+            everyone = [e for e, _ in found]
+            matched = best[0][1][0][0]
+            if weak:
+                return "weak", MatchKind.NEW, everyone, [e for e, _ in best], matched
+            if len(best) > 1:
+                return "ambiguous", MatchKind.AMBIGUOUS, everyone, [e for e, _ in best], matched
+            if kind is not MatchKind.TYPO and all(n[1] == "alias" for n in best[0][1]):
+                kind = MatchKind.ALIAS
+            return "converged", kind, everyone, [best[0][0]], matched
+
+        found = rule(lambda n: n == display)
+        if found:
+            return outcome(found, MatchKind.EXACT, weak=False)
+        found = rule(lambda n: n.casefold() == display.casefold())
+        if found:
+            return outcome(found, MatchKind.CASE, weak=False)
+        found = rule(lambda n: key(n) == k)
+        if found:
+            return outcome(found, MatchKind.PUNCTUATION, weak=len(k) < 3)
+        if len(k) >= 4:
+            for least, weak in ((6, False), (4, True)):
+
+                def typo(n: str, least: int = least) -> bool:
+                    return min(len(k), len(key(n))) >= least and one_edit_apart(k, key(n))
+
+                found = rule(typo, anchors_only=True)
+                if found:
+                    return outcome(found, MatchKind.TYPO, weak=weak)
+        return "new", MatchKind.NEW, [], [], ""
+
+    def import_canonicals(self, records: list[Record]) -> None:
+        """New canonical records, then the import merges (SPEC section 3): each provisional,
+        non-placeholder entity holding a key of the records' names (3+ characters) goes into
+        the one canonical entity of compatible type holding that key too, or is linked to
+        each of several. The records are created first (a placeholder pair's best candidate
+        for a moment is linked, as the service's import commits them before it merges), and
+        the targets are found before any merge is made."""
+        for r in records:
+            self.add_canonical(r["id"], r["name"], r["type"], r["aliases"])
+        self._link_placeholders_to_later_candidates()  # the records are there before the merges
+        brought = {key(display_form(s)) for r in records
+                   for s in [r["name"], *r["aliases"]]}
+        brought = {k for k in brought if len(k) >= 3}
+        live = [e for e in self.entities if e.merged_into is None]
+        targets: dict[str, list[ModelEntity]] = {}
+        for p in live:
+            if p.canonical or p.placeholder:
+                continue
+            held = {key(n[0]) for n in p.names} & brought
+            targets[p.entity_id] = [
+                c for c in live if c.canonical and held & {key(n[0]) for n in c.names}
+                and self.types_compatible(c.entity_type, p.entity_type)]
+        for p in live:
+            found = targets.get(p.entity_id, [])
+            if len(found) == 1 and frozenset((p.entity_id, found[0].entity_id)) \
+                    not in self.distinct:
+                self._merge(p, found[0])
+            for c in found if len(found) > 1 else ():
+                self._link(p, c)
+        self._link_placeholders_to_later_candidates()
+
+    def _merge(self, source: ModelEntity, target: ModelEntity) -> None:
+        """The source's aliases become the target's aliases, its name an alias if it was
+        canonical and a surface form if not, its surface forms surface forms (a spelling the
+        target holds already stays as it is, but a surface form an alias of the source's
+        becomes an alias); its links and settlements move to the target."""
+        for display, kind in source.names:
+            becomes = "alias" if kind == "alias" or (kind == "name" and source.canonical) \
+                else "surface"
+            held = dict(target.names)
+            if display not in held:
+                target.add(display, becomes)
+            elif held[display] == "surface" and becomes == "alias":
+                target.names.remove((display, "surface"))
+                target.add(display, "alias")
+        source.merged_into = target
+
+        def moved(pairs: set[frozenset[str]]) -> set[frozenset[str]]:
+            out = set()
+            for pair in pairs:
+                if source.entity_id in pair:
+                    (other,) = pair - {source.entity_id}
+                    if other != target.entity_id:
+                        out.add(frozenset((target.entity_id, other)))
+            return out
+
+        self.distinct |= moved(self.distinct)
+        self.links = ({pair for pair in self.links if source.entity_id not in pair}
+                      | moved(self.links)) - self.distinct
+
+    def settle(self, pair: frozenset[str], same: bool) -> None:
+        """A curator's decision on an open link: same merges the pair into the better-ranked
+        entity (canonical, then not a placeholder, then older), distinct records it."""
+        self.links.discard(pair)
+        if not same:
+            self.distinct.add(pair)
+            return
+        x, y = sorted((e for e in self.entities if e.entity_id in pair),
+                      key=lambda e: (not e.canonical, e.placeholder, e.ordinal))
+        self._merge(y, x)
+        self._link_placeholders_to_later_candidates()
+
+    def add_alias(self, e: ModelEntity, alias: str) -> None:
+        """A curator's alias: a surface form becomes an alias; a name or alias stays as is."""
+        display = display_form(alias)
+        kind = dict(e.names).get(display)
+        if kind in ("name", "alias"):
+            return
+        if kind == "surface":
+            e.names.remove((display, "surface"))
+        e.add(display, "alias")
+        self._link_placeholders_to_later_candidates()
+
+    def entity(self, entity_id: str) -> ModelEntity:
+        return next(e for e in self.entities if e.entity_id == entity_id)
+
+    def live(self, e: ModelEntity) -> ModelEntity:
+        while e.merged_into is not None:
+            e = e.merged_into
+        return e
+
+    def _link(self, x: ModelEntity, y: ModelEntity) -> bool:
+        """Link an unordered pair, unless a curator called it distinct."""
+        pair = frozenset((x.entity_id, y.entity_id))
+        if pair in self.distinct or x is y:
+            return False
+        self.links.add(pair)
+        return True
+
+    def resolve(self, mention: str, raw_type: str) -> Reply:
+        display, t = display_form(mention), self.mention_type(raw_type)
+        how, kind, candidates, best, matched = self.decide(display, t)
+        linked: list[ModelEntity] = []
+        created = how != "converged" and not (how == "ambiguous"
+                                              and (display, t) in self.placeholders)
+        if how == "converged":
+            e = best[0]
+            if all(n[0] != display for n in e.names):
+                e.add(display, "surface")
+            if not e.canonical and not e.placeholder and e.entity_type == OTHER and t != OTHER:
+                e.entity_type = t
+        elif how == "ambiguous":
+            if created:
+                self.placeholders[(display, t)] = self._new(display, t, placeholder=True)
+            e, linked = self.live(self.placeholders[(display, t)]), best
+        else:
+            e, linked = self._new(display, t, placeholder=False), best
+        linked = [other for other in linked if self._link(e, other)]
+        self._link_placeholders_to_later_candidates()
+        return Reply(e.entity_id, Status.CANONICAL if e.canonical else Status.PROVISIONAL, kind,
+                     created, frozenset(o.entity_id for o in linked),
+                     tuple(c.entity_id for c in candidates), e.names[0][0], matched,
+                     e.entity_type, display)
+
+    def _link_placeholders_to_later_candidates(self) -> None:
+        """Each placeholder is linked to every best-ranked candidate of its pair, decided as if
+        it were not there, 'including candidates that appear later'."""
+        for (display, t), p in self.placeholders.items():
+            if p.merged_into is not None:
+                continue
+            how, _, _, best, _ = self.decide(display, t, without=p)
+            if how in ("converged", "ambiguous"):
+                for other in best:
+                    self._link(p, other)
+
+
+# -- the comparison ---------------------------------------------------------------------------
+
+
+def perturb(rng: random.Random, name: str) -> str:
+    choice = rng.randrange(9)
+    if choice == 0:
+        return name.lower()
+    if choice == 1:
+        return name.upper()
+    if choice == 2:
+        return name.replace(" ", "-") if " " in name else name[:1] + "." + name[1:]
+    if choice == 3:
+        return name.replace(" ", "").replace("-", "")
+    if choice == 4 and len(name) > 2:
+        i = rng.randrange(len(name))
+        return name[:i] + name[i + 1:]
+    if choice == 5 and len(name) > 2:
+        i = rng.randrange(len(name) - 1)
+        return name[:i] + name[i + 1] + name[i] + name[i + 2:]
+    if choice == 6:
+        i = rng.randrange(len(name))
+        return name[:i] + rng.choice("aeiouxy19") + name[i + 1:]
+    if choice == 7:
+        return f"\u00a0{name}\u200b  "
+    return name
+
+
+def authority(rng: random.Random, count: int, first: int = 1) -> list[Record]:
+    records: list[Record] = []
+    for i in range(count):
+        # Often one of a few names: several canonical entities sharing a name make ambiguity.
+        few = rng.random() < 0.4
+        name = rng.choice(BASE_NAMES[:6] if few else BASE_NAMES)
+        drawn = dict.fromkeys(perturb(rng, rng.choice(BASE_NAMES))
+                              for _ in range(rng.randrange(3)))  # in order: repeatable
+        aliases = [a for a in drawn
+                   if key(display_form(a)) and display_form(a) != display_form(name)]
+        records.append(Record(id=f"Q{first + i}", name=name,
+                              type=rng.choice(("person", OTHER) if few else TYPES),
+                              aliases=aliases))
+    return records
+
+
+class Run:
+    """The service and the model side by side: each operation on both, then compared."""
+
+    def __init__(self, service: IdentityService) -> None:
+        self.service = service
+        self.model = Model()
+        self.ids: dict[str, str] = {}  # model id -> service id
+
+    def import_records(self, records: list[Record]) -> None:
+        report = self.service.import_lines([json.dumps(r) for r in records], "jsonl")
+        assert (report.imported, report.errors) == (len(records), ()), report
+        self.model.import_canonicals(records)
+        self.ids.update({r["id"]: r["id"] for r in records})
+
+    def settle(self, pair: frozenset[str], same: bool) -> None:
+        x, y = (self.model.entity(i) for i in sorted(pair))
+        ids = (self.ids[x.entity_id], self.ids[y.entity_id])
+        if same and not Model.types_compatible(x.entity_type, y.entity_type):
+            # Linked while one of them was `other`, typed since: merging them is refused.
+            with pytest.raises(FailedPrecondition, match="incompatible types"):
+                self.service.settle(*ids, "same", actor="curator", reason="model test")
+            return
+        self.service.settle(*ids, "same" if same else "distinct", actor="curator",
+                            reason="model test")
+        self.model.settle(pair, same)
+
+    def add_alias(self, e: ModelEntity, alias: str) -> None:
+        self.service.add_alias(self.ids[e.entity_id], alias)
+        self.model.add_alias(e, alias)
+
+    def resolve(self, mention: str, raw_type: str) -> None:
+        got = self.service.resolve(mention, raw_type)
+        want = self.model.resolve(mention, raw_type)
+        if want.created:
+            assert got.created, (mention, raw_type, want, got)
+            self.ids[want.entity_id] = got.entity_id
+        ids = self.ids
+        assert Reply(
+            got.entity_id, got.status, got.match_kind, got.created,
+            frozenset(got.possibly_same_as), got.candidates, got.name, got.matched_name,
+            got.entity_type, got.display_form,
+        ) == Reply(
+            ids[want.entity_id], want.status, want.match_kind, want.created,
+            frozenset(ids[i] for i in want.possibly_same_as),
+            tuple(ids[i] for i in want.candidates), want.name, want.matched_name,
+            want.entity_type, want.display_form,
+        ), (mention, raw_type)
+
+    def check_links(self, after: object) -> None:
+        """The open possibly_same_as links, named so a failure can be read."""
+        shown = {self.ids[e.entity_id]: f"{e.entity_id} {e.names[0][0]!r} ({e.entity_type})"
+                 for e in self.model.entities}
+        got = {frozenset(shown[i] for i in (link.a, link.b))
+               for link in self.service.list_links(page_size=1000)[0]}
+        want = {frozenset(shown[self.ids[i]] for i in pair) for pair in self.model.links}
+        assert got == want, (after, "extra:", got - want, "missing:", want - got)
+
+    def check_entities(self) -> None:
+        """Every entity's type, status, names in matched_name order, or redirect."""
+        for e in self.model.entities:
+            view = self.service.get_entity(self.ids[e.entity_id])
+            if e.merged_into is not None:
+                assert (view.status, view.redirect_to) == (
+                    Status.MERGED, self.ids[self.model.live(e).entity_id]), e
+                continue
+            assert (view.entity_type, view.status is Status.CANONICAL, view.placeholder) == (
+                e.entity_type, e.canonical, e.placeholder), e
+            assert [view.name, *view.aliases, *view.surface_forms] == [n[0] for n in e.names], e
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_resolve_after_resolve_does_what_the_spec_says(tmp_path: Path, seed: int) -> None:
+    """150 operations a seed: resolves of names with case, punctuation, spacing and typo
+    perturbations under raw types (unknown and empty ones too), an authority import halfway
+    (import merges and links), and now and then a curator settling a link or adding an alias."""
+    rng = random.Random(seed)
+    run = Run(build_service(Settings(db_url=f"sqlite:///{tmp_path / 'identity.sqlite'}")))
+    try:
+        run.import_records(authority(rng, rng.randrange(0, 25)))
+        for step in range(150):
+            if step == 75:  # canonical records that meet provisional entities
+                run.import_records(authority(rng, rng.randrange(1, 15), first=100))
+                run.check_links(("import", step))
+            if run.model.links and rng.random() < 0.06:
+                pair = rng.choice(sorted(run.model.links, key=sorted))
+                same = rng.random() < 0.5
+                run.settle(pair, same)
+                run.check_links(("settle", step, sorted(pair), same))
+            elif rng.random() < 0.04:
+                e = rng.choice([e for e in run.model.entities if e.merged_into is None])
+                alias = perturb(rng, rng.choice(BASE_NAMES))
+                if key(display_form(alias)):
+                    run.add_alias(e, alias)
+                    run.check_links(("alias", step, e.entity_id, alias))
+            else:
+                base = rng.choice(BASE_NAMES[:6] if rng.random() < 0.3 else BASE_NAMES)
+                mention = perturb(rng, base) if rng.random() < 0.6 else base
+                if key(display_form(mention)):
+                    raw_type = rng.choice(RAW_TYPES)
+                    run.resolve(mention, raw_type)
+                    run.check_links(("resolve", step, mention, raw_type))
+        run.check_entities()
+    finally:
+        run.service.close()
