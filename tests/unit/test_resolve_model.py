@@ -26,6 +26,7 @@ from identity_server.normalize import WHITE_SPACE, display_form, key, one_edit_a
 from identity_server.server import build_service
 from identity_server.service import IdentityService, ResolveResult
 from identity_server.settings import Settings
+from tests.unit.test_matching_oracle import perturb
 
 OTHER = "other"
 TYPES = ("person", "organization", "place", "method", "dataset", "task", "metric", "material",
@@ -320,30 +321,6 @@ class Model:
 
 
 # -- the comparison ---------------------------------------------------------------------------
-
-
-def perturb(rng: random.Random, name: str) -> str:
-    choice = rng.randrange(9)
-    if choice == 0:
-        return name.lower()
-    if choice == 1:
-        return name.upper()
-    if choice == 2:
-        return name.replace(" ", "-") if " " in name else name[:1] + "." + name[1:]
-    if choice == 3:
-        return name.replace(" ", "").replace("-", "")
-    if choice == 4 and len(name) > 2:
-        i = rng.randrange(len(name))
-        return name[:i] + name[i + 1:]
-    if choice == 5 and len(name) > 2:
-        i = rng.randrange(len(name) - 1)
-        return name[:i] + name[i + 1] + name[i] + name[i + 2:]
-    if choice == 6:
-        i = rng.randrange(len(name))
-        return name[:i] + rng.choice("aeiouxy19") + name[i + 1:]
-    if choice == 7:
-        return f"\u00a0{name}\u200b  "
-    return name
 
 
 def authority(rng: random.Random, count: int, first: int = 1) -> list[Record]:
