@@ -439,6 +439,19 @@ def test_placeholder_linked_to_a_candidate_that_becomes_best_when_the_best_is_me
     assert links(service) == {pair(ph, target), pair(ph, "Q1")}  # the first two moved
 
 
+def test_placeholder_linked_to_a_candidate_that_becomes_best_when_a_reimport_retires_names(
+        service: IdentityService) -> None:
+    """The same when a re-import retires the authority aliases that made the best candidates."""
+    load(service, rec("Q1", "Alpha One", "person", "Jaguar"),
+         rec("Q2", "Alpha Two", "person", "Jaguar"), rec("Q3", "Jaguar", "other"))
+    r = service.resolve("Jaguar", "person")  # rule 1: Q1, Q2 rank first; Q3 through `other`
+    ph = r.entity_id
+    assert (r.match_kind, r.candidates) == (AMBIG, ("Q1", "Q2", "Q3"))
+    assert links(service) == {pair(ph, "Q1"), pair(ph, "Q2")}
+    load(service, rec("Q1", "Alpha One", "person"), rec("Q2", "Alpha Two", "person"))
+    assert links(service) == {pair(ph, "Q1"), pair(ph, "Q2"), pair(ph, "Q3")}
+
+
 def test_a_batch_links_a_candidate_that_is_best_only_between_two_of_its_mentions(
         service: IdentityService) -> None:
     """A batch 'equals resolving the mentions one at a time in that order': a candidate that a
