@@ -62,6 +62,7 @@ class ModelEntity:
     ordinal: int
     placeholder: bool = False
     merged_into: ModelEntity | None = None
+    authority: set[str] = field(default_factory=set)  # the authority's aliases: re-imports retire them
     # (display form, kind) with kind "name", "alias" or "surface", in matched_name order: the
     # name, aliases and surface forms, each kind in the order recorded.
     names: list[tuple[str, str]] = field(default_factory=list)
@@ -103,6 +104,7 @@ class Model:
         for a in aliases:
             if all(display_form(a) != n[0] for n in e.names):
                 e.add(display_form(a), "alias")
+                e.authority.add(display_form(a))
         self.entities.append(e)
 
     def _new(self, display: str, entity_type: str, *, placeholder: bool) -> ModelEntity:
@@ -184,6 +186,39 @@ class Model:
                     return outcome(found, MatchKind.TYPO, weak=weak)
         return "new", MatchKind.NEW, [], [], ""
 
+    def reimport(self, r: Record) -> None:
+        """SPEC section 3: re-importing an id replaces what the authority said (name, type,
+        aliases); its previous name stays as an alias, and aliases added by curators or
+        merges stay (as do surface forms). A name recorded in a new role goes after the names
+        already in that role; an alias the authority no longer lists is retired."""
+        e = self.entity(r["id"])
+        name = display_form(r["name"])
+        listed = [a for a in dict.fromkeys(display_form(x) for x in r["aliases"]) if a != name]
+        old_name = e.names[0][0]
+
+        def assign(display: str, kind: str) -> None:
+            held = dict(e.names).get(display)
+            if held == kind:
+                return
+            if held is not None:
+                e.names.remove((display, held))
+            e.add(display, kind)
+
+        if old_name != name:
+            assign(old_name, "alias")
+            e.authority.discard(old_name)
+        for display in list(e.authority):
+            if display not in listed and display != name:
+                e.names.remove((display, "alias"))
+                e.authority.discard(display)
+        assign(name, "name")
+        e.authority.discard(name)
+        for a in listed:
+            if dict(e.names).get(a) != "alias":
+                e.authority.add(a)
+            assign(a, "alias")
+        e.entity_type = r["type"]
+
     def import_canonicals(self, records: list[Record]) -> None:
         """New canonical records, then the import merges (SPEC section 3): each provisional,
         non-placeholder entity holding a key of the records' names (3+ characters) goes into
@@ -191,8 +226,12 @@ class Model:
         each of several. The records are created first (a placeholder pair's best candidate
         for a moment is linked, as the service's import commits them before it merges), and
         the targets are found before any merge is made."""
+        known = {e.entity_id for e in self.entities}
         for r in records:
-            self.add_canonical(r["id"], r["name"], r["type"], r["aliases"])
+            if r["id"] in known:
+                self.reimport(r)
+            else:
+                self.add_canonical(r["id"], r["name"], r["type"], r["aliases"])
         self._link_placeholders_to_later_candidates()  # the records are there before the merges
         brought = {key(display_form(s)) for r in records
                    for s in [r["name"], *r["aliases"]]}
@@ -229,6 +268,8 @@ class Model:
             elif held[display] == "surface" and becomes == "alias":
                 target.names.remove((display, "surface"))
                 target.add(display, "alias")
+            elif held[display] == "alias" and becomes == "alias":
+                target.authority.discard(display)  # the merge's too: outlives the authority's
         source.merged_into = target
 
         def moved(pairs: set[frozenset[str]]) -> set[frozenset[str]]:
@@ -432,8 +473,9 @@ class Run:
 def test_resolve_after_resolve_does_what_the_spec_says(tmp_path: Path, seed: int) -> None:
     """150 operations a seed: resolves (one in ten a batch of three) of names with case,
     punctuation, spacing and typo perturbations under raw types (unknown and empty ones too),
-    an authority import halfway (import merges and links), and now and then a curator settling
-    a link or adding an alias."""
+    an authority import halfway (import merges and links), a re-import of some canonical ids
+    later (renamed, aliases retired), and now and then a curator settling a link or adding an
+    alias."""
     rng = random.Random(seed)
     run = Run(build_service(Settings(db_url=f"sqlite:///{tmp_path / 'identity.sqlite'}")))
     try:
@@ -442,12 +484,21 @@ def test_resolve_after_resolve_does_what_the_spec_says(tmp_path: Path, seed: int
             if step == 75:  # canonical records that meet provisional entities
                 run.import_records(authority(rng, rng.randrange(1, 15), first=100))
                 run.check_links(("import", step))
+            if step == 110:  # some of them again, with what the authority says now
+                live = [e.entity_id for e in run.model.entities
+                        if e.canonical and e.merged_into is None]
+                again = rng.sample(live, min(len(live), rng.randrange(1, 8)))
+                records = authority(rng, len(again))
+                for r, entity_id in zip(records, again, strict=True):
+                    r["id"] = entity_id
+                run.import_records(records)
+                run.check_links(("re-import", step))
             if run.model.links and rng.random() < 0.06:
                 pair = rng.choice(sorted(run.model.links, key=sorted))
                 same = rng.random() < 0.5
                 run.settle(pair, same)
                 run.check_links(("settle", step, sorted(pair), same))
-            elif rng.random() < 0.04:
+            elif run.model.entities and rng.random() < 0.04:
                 e = rng.choice([e for e in run.model.entities if e.merged_into is None])
                 alias = perturb(rng, rng.choice(BASE_NAMES))
                 if key(display_form(alias)):
