@@ -62,7 +62,8 @@ class ModelEntity:
     ordinal: int
     placeholder: bool = False
     merged_into: ModelEntity | None = None
-    authority: set[str] = field(default_factory=set)  # the authority's aliases: re-imports retire them
+    # The aliases the authority gave (a re-import that no longer lists one retires it).
+    authority: set[str] = field(default_factory=set)
     # (display form, kind) with kind "name", "alias" or "surface", in matched_name order: the
     # name, aliases and surface forms, each kind in the order recorded.
     names: list[tuple[str, str]] = field(default_factory=list)
