@@ -298,6 +298,18 @@ class Model:
         self._merge(y, x)
         self._link_placeholders_to_later_candidates()
 
+    def merge(self, source: ModelEntity, target: ModelEntity) -> bool:
+        """An admin merge; False (and nothing done) where SPEC section 3 makes it
+        FAILED_PRECONDITION: incompatible types, a canonical entity into a provisional one,
+        an entity into itself, a pair a curator called distinct."""
+        if (source is target or not self.types_compatible(source.entity_type, target.entity_type)
+                or (source.canonical and not target.canonical)
+                or frozenset((source.entity_id, target.entity_id)) in self.distinct):
+            return False
+        self._merge(source, target)
+        self._link_placeholders_to_later_candidates()
+        return True
+
     def add_alias(self, e: ModelEntity, alias: str) -> None:
         """A curator's alias: a surface form becomes an alias; a name or alias stays where it
         is, but an alias the authority gave becomes the curator's too ('aliases added by
@@ -437,6 +449,14 @@ class Run:
                             reason="model test")
         self.model.settle(pair, same)
 
+    def merge(self, source: ModelEntity, target: ModelEntity) -> None:
+        ids = (self.ids[source.entity_id], self.ids[target.entity_id])
+        if self.model.merge(source, target):
+            self.service.merge(*ids)
+        else:
+            with pytest.raises(FailedPrecondition):
+                self.service.merge(*ids)
+
     def add_alias(self, e: ModelEntity, alias: str) -> None:
         self.service.add_alias(self.ids[e.entity_id], alias)
         self.model.add_alias(e, alias)
@@ -506,7 +526,7 @@ def test_resolve_after_resolve_does_what_the_spec_says(tmp_path: Path, seed: int
     lookup-only) of names with case, punctuation, spacing and typo perturbations under raw
     types (unknown and empty ones too), an authority import halfway (import merges and links),
     a re-import of some canonical ids later (renamed, aliases retired), and now and then a
-    curator settling a link or adding an alias."""
+    curator settling a link or adding an alias, or an admin merge (refused where SPEC says)."""
     rng = random.Random(seed)
     run = Run(build_service(Settings(db_url=f"sqlite:///{tmp_path / 'identity.sqlite'}")))
     try:
@@ -529,6 +549,11 @@ def test_resolve_after_resolve_does_what_the_spec_says(tmp_path: Path, seed: int
                 same = rng.random() < 0.5
                 run.settle(pair, same)
                 run.check_links(("settle", step, sorted(pair), same))
+            elif run.model.entities and rng.random() < 0.02:  # an admin merge, maybe refused
+                source, target = rng.choices(
+                    [e for e in run.model.entities if e.merged_into is None], k=2)
+                run.merge(source, target)
+                run.check_links(("merge", step, source.entity_id, target.entity_id))
             elif run.model.entities and rng.random() < 0.04:
                 e = rng.choice([e for e in run.model.entities if e.merged_into is None])
                 alias = perturb(rng, rng.choice(BASE_NAMES))
