@@ -102,10 +102,10 @@ class Model:
                       aliases: list[str]) -> None:
         e = ModelEntity(entity_id, entity_type, True, len(self.entities) + 1)
         e.add(display_form(name), "name")
-        for a in aliases:
-            if all(display_form(a) != n[0] for n in e.names):
-                e.add(display_form(a), "alias")
-                e.authority.add(display_form(a))
+        for display in map(display_form, aliases):
+            if all(display != n[0] for n in e.names):
+                e.add(display, "alias")
+                e.authority.add(display)
         self.entities.append(e)
 
     def _new(self, display: str, entity_type: str, *, placeholder: bool) -> ModelEntity:
@@ -360,10 +360,7 @@ class Model:
             e, linked = self._new(display, t, placeholder=False), best
         linked = [other for other in linked if self._link(e, other)]
         self._link_placeholders_to_later_candidates()
-        return Reply(e.entity_id, Status.CANONICAL if e.canonical else Status.PROVISIONAL, kind,
-                     created, frozenset(o.entity_id for o in linked),
-                     tuple(c.entity_id for c in candidates), e.names[0][0], matched,
-                     e.entity_type, display)
+        return self._reply(e, kind, created, linked, candidates, matched, display)
 
     def look(self, mention: str, raw_type: str) -> Reply:
         """Resolve with lookup_only: nothing written; the match kind and candidates a creating
@@ -376,12 +373,19 @@ class Model:
             found = best[0]
         elif how == "ambiguous" and (display, t) in self.placeholders:
             found = self.live(self.placeholders[(display, t)])
-        ids = tuple(c.entity_id for c in candidates)
         if found is None:
-            return Reply("", None, kind, False, frozenset(), ids, "", matched, t, display)
-        return Reply(found.entity_id, Status.CANONICAL if found.canonical else Status.PROVISIONAL,
-                     kind, False, frozenset(), ids, found.names[0][0], matched,
-                     found.entity_type, display)
+            return Reply("", None, kind, False, frozenset(),
+                         tuple(c.entity_id for c in candidates), "", matched, t, display)
+        return self._reply(found, kind, False, [], candidates, matched, display)
+
+    @staticmethod
+    def _reply(e: ModelEntity, kind: MatchKind, created: bool, linked: list[ModelEntity],
+               candidates: list[ModelEntity], matched: str, display: str) -> Reply:
+        """The reply naming entity e."""
+        return Reply(e.entity_id, Status.CANONICAL if e.canonical else Status.PROVISIONAL, kind,
+                     created, frozenset(o.entity_id for o in linked),
+                     tuple(c.entity_id for c in candidates), e.names[0][0], matched,
+                     e.entity_type, display)
 
     def _link_placeholders_to_later_candidates(self) -> None:
         """Each placeholder is linked to every best-ranked candidate of its pair, decided as if
