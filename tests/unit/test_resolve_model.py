@@ -4,7 +4,10 @@
 do to the world: surface forms recorded on convergence, provisional `other` entities taking a
 mention's type, one placeholder per ambiguous (display form, type) pair, `possibly_same_as`
 links for ambiguous and weak outcomes and for a placeholder's candidates that appear later, and
-every field of every reply. The model shares nothing with identity_server's matching, index or
+every field of every reply; evidence under each paper, automatic promotion at the configured
+paper count (merged entities' evidence counted with their target's) and by an admin, and a
+repeated batch answered with its first reply; on SQLite and PostgreSQL, by one service or by
+two sharing the database. The model shares nothing with identity_server's matching, index or
 service code: it rescans its own list of entities for each rule. It uses the display-form, key
 and one-edit functions, which are the spec's definitions (tested on their own).
 """
@@ -31,6 +34,7 @@ from tests.unit.test_matching_oracle import perturb
 OTHER = "other"
 TYPES = ("person", "organization", "place", "method", "dataset", "task", "metric", "material",
          "tool", "concept", "other")
+PAPERS = ("paper-1", "paper-2", "paper-3", "paper-4", "", "")  # "": no context, no evidence
 RAW_TYPES = ("person", "method", "dataset", "other", " Person ", "METHOD", "", "wizard")
 BASE_NAMES = (
     "Ada Lovelace", "Alan Turing", "Grace Hopper", "Maria", "Mario", "Marie Curie", "BERT",
@@ -91,11 +95,14 @@ class Reply:
 class Model:
     """SPEC section 2, read literally, over a list of entities."""
 
-    def __init__(self) -> None:
+    def __init__(self, promote_after: int = 0) -> None:
         self.entities: list[ModelEntity] = []
         self.placeholders: dict[tuple[str, str], ModelEntity] = {}
         self.links: set[frozenset[str]] = set()  # open possibly_same_as links
         self.distinct: set[frozenset[str]] = set()  # pairs a curator called distinct
+        self.promote_after = promote_after  # papers that promote a provisional entity; 0: never
+        self.seen: list[tuple[ModelEntity, str]] = []  # evidence: (entity recorded on, paper)
+        self.batches: dict[tuple[str, tuple[tuple[str, str], ...]], list[Reply]] = {}
         self._made = 0
 
     def add_canonical(self, entity_id: str, name: str, entity_type: str,
@@ -296,6 +303,7 @@ class Model:
         x, y = sorted((e for e in self.entities if e.entity_id in pair),
                       key=lambda e: (not e.canonical, e.placeholder, e.ordinal))
         self._merge(y, x)
+        self._promote_when_due(x)
         self._link_placeholders_to_later_candidates()
 
     def merge(self, source: ModelEntity, target: ModelEntity) -> bool:
@@ -307,8 +315,33 @@ class Model:
                 or frozenset((source.entity_id, target.entity_id)) in self.distinct):
             return False
         self._merge(source, target)
+        self._promote_when_due(target)
         self._link_placeholders_to_later_candidates()
         return True
+
+    def promote(self, e: ModelEntity) -> None:
+        """An admin promotion: the live entity becomes canonical (a no-op if it is); a
+        placeholder too, since a curator may act on one."""
+        self.live(e).canonical = True
+        self._link_placeholders_to_later_candidates()
+
+    def evidence(self, e: ModelEntity) -> tuple[int, int]:
+        """(resolves recorded, distinct papers) on e and on every entity merged into it (SPEC
+        section 3: evidence survives merging)."""
+        papers = [paper for x, paper in self.seen if self.live(x) is e]
+        return len(papers), len(set(papers))
+
+    def _record_evidence(self, e: ModelEntity, paper: str) -> None:
+        if paper:
+            self.seen.append((e, paper))
+            self._promote_when_due(e)
+
+    def _promote_when_due(self, e: ModelEntity) -> None:
+        """SPEC section 3: promoted automatically once its evidence comes from the configured
+        number of distinct papers (placeholders excepted)."""
+        if (self.promote_after and not e.canonical and not e.placeholder
+                and self.evidence(e)[1] >= self.promote_after):
+            e.canonical = True
 
     def add_alias(self, e: ModelEntity, alias: str) -> None:
         """A curator's alias: a surface form becomes an alias; a name or alias stays where it
@@ -340,7 +373,7 @@ class Model:
         self.links.add(pair)
         return True
 
-    def resolve(self, mention: str, raw_type: str) -> Reply:
+    def resolve(self, mention: str, raw_type: str, paper: str = "") -> Reply:
         display, t = display_form(mention), self.mention_type(raw_type)
         how, kind, candidates, best, matched = self.decide(display, t)
         linked: list[ModelEntity] = []
@@ -359,8 +392,20 @@ class Model:
         else:
             e, linked = self._new(display, t, placeholder=False), best
         linked = [other for other in linked if self._link(e, other)]
+        self._record_evidence(e, paper)
         self._link_placeholders_to_later_candidates()
         return self._reply(e, kind, created, linked, candidates, matched, display)
+
+    def resolve_batch(self, paper: str, mentions: list[tuple[str, str]]) -> list[Reply]:
+        """SPEC section 4: one at a time in order; with a paper, the same request again gets
+        the first one's reply and writes nothing."""
+        request = (paper, tuple(mentions))
+        if paper and request in self.batches:
+            return self.batches[request]
+        replies = [self.resolve(mention, raw_type, paper) for mention, raw_type in mentions]
+        if paper:
+            self.batches[request] = replies
+        return replies
 
     def look(self, mention: str, raw_type: str) -> Reply:
         """Resolve with lookup_only: nothing written; the match kind and candidates a creating
@@ -428,11 +473,14 @@ def mention_of(rng: random.Random) -> tuple[str, str]:
 
 
 class Run:
-    """The service and the model side by side: each operation on both, then compared."""
+    """The services and the model side by side: each operation on both, then compared. With
+    several services over one database (as server processes sharing it), each operation and
+    each check goes to one of them at random: each must see what the others wrote."""
 
-    def __init__(self, service: IdentityService) -> None:
-        self.service = service
-        self.model = Model()
+    def __init__(self, services: list[IdentityService], promote_after: int, seed: int) -> None:
+        self.services = services
+        self._pick = random.Random(f"pick-{seed}")  # the operations' stream stays the seed's
+        self.model = Model(promote_after)
         self.ids: dict[str, str] = {}  # model id -> service id
 
     def import_records(self, records: list[Record]) -> None:
@@ -465,28 +513,39 @@ class Run:
         self.service.add_alias(self.ids[e.entity_id], alias)
         self.model.add_alias(e, alias)
 
-    def resolve(self, mention: str, raw_type: str) -> None:
-        self.check(self.service.resolve(mention, raw_type), mention, raw_type)
+    def promote(self, e: ModelEntity) -> None:
+        view = self.service.promote(self.ids[e.entity_id])
+        self.model.promote(e)
+        assert (view.entity_id, view.status) == (
+            self.ids[self.model.live(e).entity_id], Status.CANONICAL)
+
+    def resolve(self, mention: str, raw_type: str, paper: str = "") -> None:
+        got = self.service.resolve(mention, raw_type, context_id=paper)
+        self.check(got, self.model.resolve(mention, raw_type, paper), mention, raw_type)
 
     def look(self, mention: str, raw_type: str) -> None:
         got = self.service.resolve(mention, raw_type, lookup_only=True)
         want = self.model.look(mention, raw_type)
         assert self.reply(got) == self.mapped(want), (mention, raw_type, "lookup only")
 
-    def resolve_batch(self, mentions: list[tuple[str, str]]) -> None:
+    def resolve_batch(self, paper: str, mentions: list[tuple[str, str]]) -> None:
         """SPEC section 4: a batch 'equals resolving the mentions one at a time in that
         order'."""
-        for got, (mention, raw_type) in zip(self.service.resolve_batch("", mentions), mentions,
-                                            strict=True):
-            assert isinstance(got, ResolveResult), (mention, got)
-            self.check(got, mention, raw_type)
+        got = self.service.resolve_batch(paper, mentions)
+        want = self.model.resolve_batch(paper, mentions)
+        for g, w, (mention, raw_type) in zip(got, want, mentions, strict=True):
+            assert isinstance(g, ResolveResult), (mention, g)
+            self.check(g, w, mention, raw_type)
 
-    def check(self, got: ResolveResult, mention: str, raw_type: str) -> None:
-        want = self.model.resolve(mention, raw_type)
+    def check(self, got: ResolveResult, want: Reply, mention: str, raw_type: str) -> None:
         if want.created:
             assert got.created, (mention, raw_type, want, got)
             self.ids[want.entity_id] = got.entity_id
         assert self.reply(got) == self.mapped(want), (mention, raw_type)
+
+    @property
+    def service(self) -> IdentityService:
+        return self._pick.choice(self.services)
 
     @staticmethod
     def reply(got: ResolveResult) -> Reply:
@@ -518,30 +577,51 @@ class Run:
             if e.merged_into is not None:
                 assert (view.status, view.redirect_to) == (
                     Status.MERGED, self.ids[self.model.live(e).entity_id]), e
+                assert (view.evidence_count, view.paper_count) == (0, 0), e  # moved on
                 continue
             assert (view.entity_type, view.status is Status.CANONICAL, view.placeholder) == (
                 e.entity_type, e.canonical, e.placeholder), e
+            assert (view.evidence_count, view.paper_count) == self.model.evidence(e), e
             assert [view.name, *view.aliases, *view.surface_forms] == [n[0] for n in e.names], e
 
 
 @pytest.mark.parametrize("seed", range(16))
 def test_resolve_after_resolve_does_what_the_spec_says(tmp_path: Path, seed: int) -> None:
-    """150 operations a seed: resolves (one in ten a batch of three, one in ten of the rest
+    run_against_the_model(f"sqlite:///{tmp_path / 'identity.sqlite'}", seed)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 5, 7])
+def test_resolve_after_resolve_on_postgres(pg_url: str, seed: int) -> None:
+    """The same on PostgreSQL (its own ordering, types and transactions); seeds 2 and 5 with
+    two services, as replicas on one database."""
+    run_against_the_model(pg_url, seed)
+
+
+def run_against_the_model(db_url: str, seed: int, steps: int = 150) -> None:
+    """`steps` operations a seed: resolves (one in ten a batch of three, one in ten of the rest
     lookup-only) of names with case, punctuation, spacing and typo perturbations under raw
-    types (unknown and empty ones too), an authority import halfway (import merges and links),
-    a re-import of some canonical ids later (renamed, aliases retired), and now and then a
-    curator settling a link or adding an alias, or an admin merge (refused where SPEC says)."""
+    types (unknown and empty ones too), most under one of a few papers (evidence; promotion
+    after 1, 2 or 3 papers, or never, by seed), some batches sent again; an authority import
+    halfway (import merges and links), a re-import of some canonical ids later (renamed,
+    aliases retired), and now and then a curator settling a link or adding an alias, an admin
+    merge (refused where SPEC says) or an admin promotion. In every third seed two services
+    share the database, each operation going to either."""
     rng = random.Random(seed)
-    run = Run(build_service(Settings(db_url=f"sqlite:///{tmp_path / 'identity.sqlite'}")))
+    promote_after = (0, 1, 2, 3)[seed % 4]
+    settings = Settings(db_url=db_url, promote_after_papers=promote_after)
+    services = [build_service(settings) for _ in range(1 + seed % 3 // 2)]  # 2 in every third
+    run = Run(services, promote_after, seed)
+    sent: list[tuple[str, list[tuple[str, str]]]] = []  # batches, to send some again
     try:
         run.import_records(authority(rng, rng.randrange(0, 25)))
-        for step in range(150):
+        for step in range(steps):
             if step == 75:  # canonical records that meet provisional entities
                 run.import_records(authority(rng, rng.randrange(1, 15), first=100))
                 run.check_links(("import", step))
             if step == 110:  # some of them again, with what the authority says now
-                live = [e.entity_id for e in run.model.entities
-                        if e.canonical and e.merged_into is None]
+                live = [e.entity_id for e in run.model.entities  # not promoted provisional ids
+                        if e.canonical and e.merged_into is None and e.entity_id[0] == "Q"]
                 again = rng.sample(live, min(len(live), rng.randrange(1, 8)))
                 records = authority(rng, len(again))
                 for r, entity_id in zip(records, again, strict=True):
@@ -564,15 +644,24 @@ def test_resolve_after_resolve_does_what_the_spec_says(tmp_path: Path, seed: int
                 if key(display_form(alias)):
                     run.add_alias(e, alias)
                     run.check_links(("alias", step, e.entity_id, alias))
+            elif run.model.entities and rng.random() < 0.02:
+                e = rng.choice(run.model.entities)  # merged ones too: it acts on their target
+                run.promote(e)
+                run.check_links(("promote", step, e.entity_id))
             else:
+                paper = rng.choice(PAPERS)
                 mentions = [mention_of(rng) for _ in range(3 if rng.random() < 0.1 else 1)]
                 if len(mentions) > 1:
-                    run.resolve_batch(mentions)
+                    if sent and rng.random() < 0.3:  # the same request again: its first reply
+                        paper, mentions = rng.choice(sent)
+                    sent.append((paper, mentions))
+                    run.resolve_batch(paper, mentions)
                 elif rng.random() < 0.1:
                     run.look(*mentions[0])  # writes nothing: the links below stay as they were
                 else:
-                    run.resolve(*mentions[0])
-                run.check_links(("resolve", step, mentions))
+                    run.resolve(*mentions[0], paper)
+                run.check_links(("resolve", step, paper, mentions))
         run.check_entities()
     finally:
-        run.service.close()
+        for service in services:
+            service.close()
