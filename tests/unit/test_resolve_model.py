@@ -14,12 +14,16 @@ and one-edit functions, which are the spec's definitions (tested on their own).
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import random
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import Protocol, TypedDict
 
 import pytest
 
@@ -27,8 +31,14 @@ from identity_server.domain import MatchKind, Status
 from identity_server.errors import FailedPrecondition
 from identity_server.normalize import WHITE_SPACE, display_form, key, one_edit_apart
 from identity_server.server import build_service
-from identity_server.service import IdentityService, ResolveResult
+from identity_server.service import (
+    EntityView,
+    ImportReport,
+    ItemError,
+    ResolveResult,
+)
 from identity_server.settings import Settings
+from identity_server.store.sql import ChangeRecord, LinkRow
 from tests.unit.test_matching_oracle import perturb
 
 OTHER = "other"
@@ -447,6 +457,37 @@ class Model:
 # -- the comparison ---------------------------------------------------------------------------
 
 
+class Service(Protocol):
+    """What the comparison calls: IdentityService in-process, or a client of a real server
+    (tests/integration/test_resolve_model_grpc.py)."""
+
+    def resolve(self, mention: str, entity_type: str, *, context_id: str = "",
+                lookup_only: bool = False) -> ResolveResult: ...
+
+    def resolve_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
+                      lookup_only: bool = False) -> list[ResolveResult | ItemError]: ...
+
+    def get_entity(self, entity_id: str) -> EntityView: ...
+
+    def list_links(self, *, entity_id: str = "", page_size: int = 100,
+                   page_token: str = "") -> tuple[list[LinkRow], str]: ...
+
+    def add_alias(self, entity_id: str, alias: str) -> EntityView: ...
+
+    def promote(self, entity_id: str) -> EntityView: ...
+
+    def merge(self, source_id: str, target_id: str) -> EntityView: ...
+
+    def settle(self, entity_id: str, other_id: str, decision: str, *, actor: str,
+               reason: str) -> EntityView: ...
+
+    def import_lines(self, lines: Iterable[str], fmt: str | None = None) -> ImportReport: ...
+
+    def list_changes(self, after: int, limit: int | None = None) -> list[ChangeRecord]: ...
+
+    def close(self) -> None: ...
+
+
 def authority(rng: random.Random, count: int, first: int = 1) -> list[Record]:
     records: list[Record] = []
     for i in range(count):
@@ -463,11 +504,11 @@ def authority(rng: random.Random, count: int, first: int = 1) -> list[Record]:
     return records
 
 
-def mention_of(rng: random.Random) -> tuple[str, str]:
-    """A mention (never empty once normalised) and a raw type."""
+def mention_of(rng: random.Random, base: str | None = None) -> tuple[str, str]:
+    """A mention (never empty once normalised) and a raw type; of `base` if given."""
     while True:
-        base = rng.choice(BASE_NAMES[:6] if rng.random() < 0.3 else BASE_NAMES)
-        mention = perturb(rng, base) if rng.random() < 0.6 else base
+        name = base or rng.choice(BASE_NAMES[:6] if rng.random() < 0.3 else BASE_NAMES)
+        mention = perturb(rng, name) if rng.random() < 0.6 else name
         if key(display_form(mention)):
             return mention, rng.choice(RAW_TYPES)
 
@@ -477,7 +518,7 @@ class Run:
     several services over one database (as server processes sharing it), each operation and
     each check goes to one of them at random: each must see what the others wrote."""
 
-    def __init__(self, services: list[IdentityService], promote_after: int, seed: int) -> None:
+    def __init__(self, services: Sequence[Service], promote_after: int, seed: int) -> None:
         self.services = services
         self._pick = random.Random(f"pick-{seed}")  # the operations' stream stays the seed's
         self.model = Model(promote_after)
@@ -543,8 +584,82 @@ class Run:
             self.ids[want.entity_id] = got.entity_id
         assert self.reply(got) == self.mapped(want), (mention, raw_type)
 
+    def resolve_together(self, calls: list[tuple[str, str, str]]) -> None:
+        """Resolves (mention, raw type, paper) made at once from threads. SPEC section 2: 'the
+        outcome of concurrent calls ... equals the outcome of some one-at-a-time order of the
+        same calls'. Each order is played on a copy of the model; the replies must be one
+        order's, and where orders giving these replies leave different states (two new
+        spellings of one entity, say), the service's state says which order it was."""
+        services = [self.service for _ in calls]
+        start = threading.Barrier(len(calls))
+
+        def call(i: int) -> ResolveResult:
+            mention, raw_type, paper = calls[i]
+            start.wait(timeout=30)
+            return services[i].resolve(mention, raw_type, context_id=paper)
+
+        with ThreadPoolExecutor(len(calls)) as pool:
+            got = list(pool.map(call, range(len(calls))))
+        fits: dict[object, tuple[Model, dict[str, str]]] = {}
+        known = set(self.ids)
+        for order in itertools.permutations(range(len(calls))):
+            model, ids = copy.deepcopy(self.model), dict(self.ids)
+            if all(self._fits(got[i], model.resolve(*calls[i]), ids) for i in order):
+                fits.setdefault(self._state(model, ids, known), (model, ids))
+        assert fits, ("no one-at-a-time order gives these replies", calls,
+                      [self.reply(g) for g in got])
+        if len(fits) > 1:
+            model, ids = next(iter(fits.values()))
+            now = self._service_state(model, ids, known)
+            assert now in fits, ("the state is no one-at-a-time order's", calls)
+            fits = {now: fits[now]}
+        ((self.model, self.ids),) = fits.values()
+
+    def _fits(self, got: ResolveResult, want: Reply, ids: dict[str, str]) -> bool:
+        """Whether got is the model's reply want, mapping a created entity's id into ids."""
+        if want.created:
+            if not got.created:
+                return False
+            ids[want.entity_id] = got.entity_id
+        return self.reply(got) == self.mapped(want, ids)
+
+    @staticmethod
+    def _state(model: Model, ids: dict[str, str], known: set[str]) -> object:
+        """Every entity (in service ids), the open links, and the order the entities not
+        `known` were created in (ties between candidates go by it), as the service would show
+        them."""
+        entities: list[tuple[object, ...]] = []
+        for e in model.entities:
+            if e.merged_into is not None:
+                entities.append((ids[e.entity_id], ids[model.live(e).entity_id]))
+            else:
+                entities.append((ids[e.entity_id], e.entity_type, e.canonical, e.placeholder,
+                                 tuple(n[0] for n in e.names), model.evidence(e)))
+        links = frozenset(frozenset(ids[i] for i in pair) for pair in model.links)
+        created = tuple(ids[e.entity_id] for e in model.entities if e.entity_id not in known)
+        return tuple(sorted(entities, key=str)), links, created
+
+    def _service_state(self, model: Model, ids: dict[str, str], known: set[str]) -> object:
+        """`_state` read from the service (the creation order from its change feed), over the
+        entities the model holds."""
+        entities: list[tuple[object, ...]] = []
+        for e in model.entities:
+            v = self.service.get_entity(ids[e.entity_id])
+            if v.status is Status.MERGED:
+                entities.append((v.entity_id, v.redirect_to))
+            else:
+                entities.append((v.entity_id, v.entity_type, v.status is Status.CANONICAL,
+                                 v.placeholder, (v.name, *v.aliases, *v.surface_forms),
+                                 (v.evidence_count, v.paper_count)))
+        links = frozenset(frozenset((link.a, link.b))
+                          for link in self.service.list_links(page_size=1000)[0])
+        new = {ids[e.entity_id] for e in model.entities if e.entity_id not in known}
+        created = tuple(c.entity_id for c in self.service.list_changes(0)
+                        if c.kind == "created" and c.entity_id in new)
+        return tuple(sorted(entities, key=str)), links, created
+
     @property
-    def service(self) -> IdentityService:
+    def service(self) -> Service:
         return self._pick.choice(self.services)
 
     @staticmethod
@@ -553,9 +668,9 @@ class Run:
                      frozenset(got.possibly_same_as), got.candidates, got.name,
                      got.matched_name, got.entity_type, got.display_form)
 
-    def mapped(self, want: Reply) -> Reply:
+    def mapped(self, want: Reply, ids: dict[str, str] | None = None) -> Reply:
         """The model's reply in the service's ids."""
-        ids = {**self.ids, "": ""}
+        ids = {**(self.ids if ids is None else ids), "": ""}
         return Reply(ids[want.entity_id], want.status, want.match_kind, want.created,
                      frozenset(ids[i] for i in want.possibly_same_as),
                      tuple(ids[i] for i in want.candidates), want.name, want.matched_name,
@@ -598,7 +713,8 @@ def test_resolve_after_resolve_on_postgres(pg_url: str, seed: int) -> None:
     run_against_the_model(pg_url, seed)
 
 
-def run_against_the_model(db_url: str, seed: int, steps: int = 150) -> None:
+def run_against_the_model(db_url: str, seed: int, steps: int = 150,
+                          start: Callable[[Settings], Service] = build_service) -> None:
     """`steps` operations a seed: resolves (one in ten a batch of three, one in ten of the rest
     lookup-only) of names with case, punctuation, spacing and typo perturbations under raw
     types (unknown and empty ones too), most under one of a few papers (evidence; promotion
@@ -606,11 +722,11 @@ def run_against_the_model(db_url: str, seed: int, steps: int = 150) -> None:
     halfway (import merges and links), a re-import of some canonical ids later (renamed,
     aliases retired), and now and then a curator settling a link or adding an alias, an admin
     merge (refused where SPEC says) or an admin promotion. In every third seed two services
-    share the database, each operation going to either."""
+    share the database, each operation going to either. `start` makes a service."""
     rng = random.Random(seed)
     promote_after = (0, 1, 2, 3)[seed % 4]
     settings = Settings(db_url=db_url, promote_after_papers=promote_after)
-    services = [build_service(settings) for _ in range(1 + seed % 3 // 2)]  # 2 in every third
+    services = [start(settings) for _ in range(1 + seed % 3 // 2)]  # 2 in every third
     run = Run(services, promote_after, seed)
     sent: list[tuple[str, list[tuple[str, str]]]] = []  # batches, to send some again
     try:
@@ -651,7 +767,11 @@ def run_against_the_model(db_url: str, seed: int, steps: int = 150) -> None:
             else:
                 paper = rng.choice(PAPERS)
                 mentions = [mention_of(rng) for _ in range(3 if rng.random() < 0.1 else 1)]
-                if len(mentions) > 1:
+                if rng.random() < 0.1:  # at once, spellings of one name: some order's outcome
+                    base = rng.choice(BASE_NAMES)
+                    run.resolve_together([(*mention_of(rng, base), rng.choice(PAPERS))
+                                          for _ in range(3)])
+                elif len(mentions) > 1:
                     if sent and rng.random() < 0.3:  # the same request again: its first reply
                         paper, mentions = rng.choice(sent)
                     sent.append((paper, mentions))
