@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypedDict
+from typing import NamedTuple, Protocol, TypedDict
 
 import pytest
 
@@ -513,6 +513,14 @@ def mention_of(rng: random.Random, base: str | None = None) -> tuple[str, str]:
             return mention, rng.choice(RAW_TYPES)
 
 
+class Call(NamedTuple):
+    """One of several calls made at once: kind "resolve", "look" (lookup only) or "batch"."""
+
+    kind: str
+    paper: str
+    mentions: list[tuple[str, str]]
+
+
 class Run:
     """The services and the model side by side: each operation on both, then compared. With
     several services over one database (as server processes sharing it), each operation and
@@ -584,8 +592,8 @@ class Run:
             self.ids[want.entity_id] = got.entity_id
         assert self.reply(got) == self.mapped(want), (mention, raw_type)
 
-    def resolve_together(self, calls: list[tuple[str, str, str]]) -> None:
-        """Resolves (mention, raw type, paper) made at once from threads. SPEC section 2: 'the
+    def resolve_together(self, calls: list[Call]) -> None:
+        """Resolves, batches and lookups made at once from threads. SPEC section 2: 'the
         outcome of concurrent calls ... equals the outcome of some one-at-a-time order of the
         same calls'. Each order is played on a copy of the model; the replies must be one
         order's, and where orders giving these replies leave different states (two new
@@ -593,10 +601,24 @@ class Run:
         services = [self.service for _ in calls]
         start = threading.Barrier(len(calls))
 
-        def call(i: int) -> ResolveResult:
-            mention, raw_type, paper = calls[i]
+        def call(i: int) -> list[ResolveResult]:
+            kind, paper, mentions = calls[i]
             start.wait(timeout=30)
-            return services[i].resolve(mention, raw_type, context_id=paper)
+            if kind == "batch":
+                results = services[i].resolve_batch(paper, mentions)
+                assert all(isinstance(r, ResolveResult) for r in results), results
+                return [r for r in results if isinstance(r, ResolveResult)]
+            (mention, raw_type), = mentions
+            return [services[i].resolve(mention, raw_type, context_id=paper,
+                                        lookup_only=kind == "look")]
+
+        def played(model: Model, c: Call) -> list[Reply]:
+            if c.kind == "batch":
+                return model.resolve_batch(c.paper, c.mentions)
+            (mention, raw_type), = c.mentions
+            if c.kind == "look":
+                return [model.look(mention, raw_type)]
+            return [model.resolve(mention, raw_type, c.paper)]
 
         with ThreadPoolExecutor(len(calls)) as pool:
             got = list(pool.map(call, range(len(calls))))
@@ -604,10 +626,11 @@ class Run:
         known = set(self.ids)
         for order in itertools.permutations(range(len(calls))):
             model, ids = copy.deepcopy(self.model), dict(self.ids)
-            if all(self._fits(got[i], model.resolve(*calls[i]), ids) for i in order):
+            if all(self._fits(g, w, ids) for i in order
+                   for g, w in zip(got[i], played(model, calls[i]), strict=True)):
                 fits.setdefault(self._state(model, ids, known), (model, ids))
         assert fits, ("no one-at-a-time order gives these replies", calls,
-                      [self.reply(g) for g in got])
+                      [[self.reply(g) for g in replies] for replies in got])
         if len(fits) > 1:
             model, ids = next(iter(fits.values()))
             now = self._service_state(model, ids, known)
@@ -769,8 +792,10 @@ def run_against_the_model(db_url: str, seed: int, steps: int = 150,
                 mentions = [mention_of(rng) for _ in range(3 if rng.random() < 0.1 else 1)]
                 if rng.random() < 0.1:  # at once, spellings of one name: some order's outcome
                     base = rng.choice(BASE_NAMES)
-                    run.resolve_together([(*mention_of(rng, base), rng.choice(PAPERS))
-                                          for _ in range(3)])
+                    run.resolve_together([
+                        Call(kind, rng.choice(PAPERS),
+                             [mention_of(rng, base) for _ in range(2 if kind == "batch" else 1)])
+                        for kind in rng.choices(("resolve", "look", "batch"), (6, 1, 2), k=3)])
                 elif len(mentions) > 1:
                     if sent and rng.random() < 0.3:  # the same request again: its first reply
                         paper, mentions = rng.choice(sent)
