@@ -21,7 +21,7 @@ from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
 from identity_server.domain import MatchKind, Status
-from identity_server.errors import FailedPrecondition
+from identity_server.errors import FailedPrecondition, InvalidArgument
 from identity_server.server import RunningServer, start_server
 from identity_server.service import EntityView, ImportReport, ItemError, ResolveResult
 from identity_server.settings import Settings
@@ -35,6 +35,7 @@ _STATUS = {pb.CANONICAL: Status.CANONICAL, pb.PROVISIONAL: Status.PROVISIONAL,
            pb.MERGED: Status.MERGED}
 _KIND = {pb.MatchKind.Value(k.value): k for k in MatchKind}
 _DECISION = {"same": pb.SAME, "distinct": pb.DISTINCT}
+_CODE = {code.value[0]: code.name for code in grpc.StatusCode}
 _CHANGE = {number: name.removeprefix("CHANGE_KIND_").lower()
            for name, number in pb.ChangeKind.items()}
 
@@ -55,6 +56,8 @@ class OverGrpc:
         except grpc.RpcError as e:
             if e.code() is grpc.StatusCode.FAILED_PRECONDITION:
                 raise FailedPrecondition(e.details()) from e
+            if e.code() is grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidArgument(e.details()) from e
             raise
 
     def resolve(self, mention: str, entity_type: str, *, context_id: str = "",
@@ -68,7 +71,7 @@ class OverGrpc:
         reply = self._call("ResolveBatch", pb.ResolveBatchRequest(
             context_id=context_id, lookup_only=lookup_only,
             mentions=[pb.Mention(mention=m, entity_type=t) for m, t in mentions]))
-        return [ItemError(str(r.error.code), r.error.message)  # the number: never compared
+        return [ItemError(_CODE[r.error.code], r.error.message)
                 if r.HasField("error") else _result(r.resolved) for r in reply.results]
 
     def get_entity(self, entity_id: str) -> EntityView:

@@ -28,7 +28,7 @@ from typing import NamedTuple, Protocol, TypedDict
 import pytest
 
 from identity_server.domain import MatchKind, Status
-from identity_server.errors import FailedPrecondition
+from identity_server.errors import FailedPrecondition, InvalidArgument
 from identity_server.normalize import WHITE_SPACE, display_form, key, one_edit_apart
 from identity_server.server import build_service
 from identity_server.service import (
@@ -42,6 +42,7 @@ from identity_server.store.sql import ChangeRecord, LinkRow
 from tests.unit.test_matching_oracle import perturb
 
 OTHER = "other"
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
 TYPES = ("person", "organization", "place", "method", "dataset", "task", "metric", "material",
          "tool", "concept", "other")
 PAPERS = ("paper-1", "paper-2", "paper-3", "paper-4", "", "")  # "": no context, no evidence
@@ -112,7 +113,7 @@ class Model:
         self.distinct: set[frozenset[str]] = set()  # pairs a curator called distinct
         self.promote_after = promote_after  # papers that promote a provisional entity; 0: never
         self.seen: list[tuple[ModelEntity, str]] = []  # evidence: (entity recorded on, paper)
-        self.batches: dict[tuple[str, tuple[tuple[str, str], ...]], list[Reply]] = {}
+        self.batches: dict[tuple[str, tuple[tuple[str, str], ...]], list[Reply | None]] = {}
         self._made = 0
 
     def add_canonical(self, entity_id: str, name: str, entity_type: str,
@@ -316,10 +317,14 @@ class Model:
         self._promote_when_due(x)
         self._link_placeholders_to_later_candidates()
 
-    def merge(self, source: ModelEntity, target: ModelEntity) -> bool:
-        """An admin merge; False (and nothing done) where SPEC section 3 makes it
-        FAILED_PRECONDITION: incompatible types, a canonical entity into a provisional one,
-        an entity into itself, a pair a curator called distinct."""
+    def merge(self, named_source: ModelEntity, named_target: ModelEntity) -> bool:
+        """An admin merge, on the live entities the ids name; False (and nothing done) where
+        SPEC section 3 makes it FAILED_PRECONDITION: incompatible types, a canonical entity into
+        a provisional one, an entity into itself, a pair a curator called distinct. Merging an
+        already merged pair again is a no-op."""
+        source, target = self.live(named_source), self.live(named_target)
+        if source is target and named_source is not named_target:
+            return True
         if (source is target or not self.types_compatible(source.entity_type, target.entity_type)
                 or (source.canonical and not target.canonical)
                 or frozenset((source.entity_id, target.entity_id)) in self.distinct):
@@ -353,10 +358,12 @@ class Model:
                 and self.evidence(e)[1] >= self.promote_after):
             e.canonical = True
 
-    def add_alias(self, e: ModelEntity, alias: str) -> None:
-        """A curator's alias: a surface form becomes an alias; a name or alias stays where it
-        is, but an alias the authority gave becomes the curator's too ('aliases added by
-        curators ... stay' when a re-import drops it; docs/identity-server.md)."""
+    def add_alias(self, named: ModelEntity, alias: str) -> None:
+        """A curator's alias, on the live entity the id names: a surface form becomes an alias;
+        a name or alias stays where it is, but an alias the authority gave becomes the curator's
+        too ('aliases added by curators ... stay' when a re-import drops it;
+        docs/identity-server.md)."""
+        e = self.live(named)
         display = display_form(alias)
         kind = dict(e.names).get(display)
         if kind in ("name", "alias"):
@@ -406,13 +413,15 @@ class Model:
         self._link_placeholders_to_later_candidates()
         return self._reply(e, kind, created, linked, candidates, matched, display)
 
-    def resolve_batch(self, paper: str, mentions: list[tuple[str, str]]) -> list[Reply]:
-        """SPEC section 4: one at a time in order; with a paper, the same request again gets
-        the first one's reply and writes nothing."""
+    def resolve_batch(self, paper: str, mentions: list[tuple[str, str]]) -> list[Reply | None]:
+        """SPEC section 4: one at a time in order, an invalid mention an error of its own
+        (None) and the rest resolved; with a paper, the same request again gets the first
+        one's reply and writes nothing."""
         request = (paper, tuple(mentions))
         if paper and request in self.batches:
             return self.batches[request]
-        replies = [self.resolve(mention, raw_type, paper) for mention, raw_type in mentions]
+        replies = [self.resolve(mention, raw_type, paper) if valid(mention) else None
+                   for mention, raw_type in mentions]
         if paper:
             self.batches[request] = replies
         return replies
@@ -504,6 +513,16 @@ def authority(rng: random.Random, count: int, first: int = 1) -> list[Record]:
     return records
 
 
+INVALID = ("", "   ", "...", "\u2014", "\u200b\u2060", "x" * 513)  # no display form or key; too long
+
+
+def valid(mention: str) -> bool:
+    """SPEC sections 2 and 4: a display form and a key that are not empty, and a display form
+    of at most 512 code points (the default limit)."""
+    display = display_form(mention)
+    return bool(key(display)) and len(display) <= 512
+
+
 def mention_of(rng: random.Random, base: str | None = None) -> tuple[str, str]:
     """A mention (never empty once normalised) and a raw type; of `base` if given."""
     while True:
@@ -583,8 +602,16 @@ class Run:
         got = self.service.resolve_batch(paper, mentions)
         want = self.model.resolve_batch(paper, mentions)
         for g, w, (mention, raw_type) in zip(got, want, mentions, strict=True):
+            if w is None:
+                assert isinstance(g, ItemError) and g.code == INVALID_ARGUMENT, (mention, g)
+                continue
             assert isinstance(g, ResolveResult), (mention, g)
             self.check(g, w, mention, raw_type)
+
+    def resolve_invalid(self, mention: str, raw_type: str, paper: str) -> None:
+        """An invalid mention: INVALID_ARGUMENT, nothing written."""
+        with pytest.raises(InvalidArgument):
+            self.service.resolve(mention, raw_type, context_id=paper)
 
     def check(self, got: ResolveResult, want: Reply, mention: str, raw_type: str) -> None:
         if want.created:
@@ -601,18 +628,16 @@ class Run:
         services = [self.service for _ in calls]
         start = threading.Barrier(len(calls))
 
-        def call(i: int) -> list[ResolveResult]:
+        def call(i: int) -> list[ResolveResult | ItemError]:
             kind, paper, mentions = calls[i]
             start.wait(timeout=30)
             if kind == "batch":
-                results = services[i].resolve_batch(paper, mentions)
-                assert all(isinstance(r, ResolveResult) for r in results), results
-                return [r for r in results if isinstance(r, ResolveResult)]
+                return services[i].resolve_batch(paper, mentions)
             (mention, raw_type), = mentions
             return [services[i].resolve(mention, raw_type, context_id=paper,
                                         lookup_only=kind == "look")]
 
-        def played(model: Model, c: Call) -> list[Reply]:
+        def played(model: Model, c: Call) -> list[Reply | None]:
             if c.kind == "batch":
                 return model.resolve_batch(c.paper, c.mentions)
             (mention, raw_type), = c.mentions
@@ -629,8 +654,7 @@ class Run:
             if all(self._fits(g, w, ids) for i in order
                    for g, w in zip(got[i], played(model, calls[i]), strict=True)):
                 fits.setdefault(self._state(model, ids, known), (model, ids))
-        assert fits, ("no one-at-a-time order gives these replies", calls,
-                      [[self.reply(g) for g in replies] for replies in got])
+        assert fits, ("no one-at-a-time order gives these replies", calls, got)
         if len(fits) > 1:
             model, ids = next(iter(fits.values()))
             now = self._service_state(model, ids, known)
@@ -638,8 +662,12 @@ class Run:
             fits = {now: fits[now]}
         ((self.model, self.ids),) = fits.values()
 
-    def _fits(self, got: ResolveResult, want: Reply, ids: dict[str, str]) -> bool:
-        """Whether got is the model's reply want, mapping a created entity's id into ids."""
+    def _fits(self, got: ResolveResult | ItemError, want: Reply | None,
+              ids: dict[str, str]) -> bool:
+        """Whether got is the model's reply want (None: an item's error), mapping a created
+        entity's id into ids."""
+        if want is None or isinstance(got, ItemError):
+            return want is None and isinstance(got, ItemError)
         if want.created:
             if not got.created:
                 return False
@@ -773,12 +801,14 @@ def run_against_the_model(db_url: str, seed: int, steps: int = 150,
                 run.settle(pair, same)
                 run.check_links(("settle", step, sorted(pair), same))
             elif run.model.entities and rng.random() < 0.02:  # an admin merge, maybe refused
-                source, target = rng.choices(
-                    [e for e in run.model.entities if e.merged_into is None], k=2)
+                source, target = rng.choices(  # merged ones too, now and then: their targets
+                    [e for e in run.model.entities
+                     if e.merged_into is None or rng.random() < 0.1], k=2)
                 run.merge(source, target)
                 run.check_links(("merge", step, source.entity_id, target.entity_id))
             elif run.model.entities and rng.random() < 0.04:
-                e = rng.choice([e for e in run.model.entities if e.merged_into is None])
+                e = rng.choice([e for e in run.model.entities
+                                if e.merged_into is None or rng.random() < 0.1])
                 alias = perturb(rng, rng.choice(BASE_NAMES))
                 if key(display_form(alias)):
                     run.add_alias(e, alias)
@@ -797,12 +827,16 @@ def run_against_the_model(db_url: str, seed: int, steps: int = 150,
                              [mention_of(rng, base) for _ in range(2 if kind == "batch" else 1)])
                         for kind in rng.choices(("resolve", "look", "batch"), (6, 1, 2), k=3)])
                 elif len(mentions) > 1:
+                    if rng.random() < 0.2:  # an invalid item: its own error, the rest resolved
+                        mentions[rng.randrange(3)] = (rng.choice(INVALID), "method")
                     if sent and rng.random() < 0.3:  # the same request again: its first reply
                         paper, mentions = rng.choice(sent)
                     sent.append((paper, mentions))
                     run.resolve_batch(paper, mentions)
                 elif rng.random() < 0.1:
                     run.look(*mentions[0])  # writes nothing: the links below stay as they were
+                elif rng.random() < 0.03:
+                    run.resolve_invalid(rng.choice(INVALID), mentions[0][1], paper)
                 else:
                     run.resolve(*mentions[0], paper)
                 run.check_links(("resolve", step, paper, mentions))
