@@ -1,4 +1,10 @@
-"""The identity store's tables (SQLAlchemy Core). Uniqueness lives here, in the database."""
+"""The identity store's tables (SQLAlchemy Core). Uniqueness lives here, in the database.
+
+On SQLite, the tables with a natural primary key are WITHOUT ROWID (the rows kept in key order):
+each row written is one b-tree insert instead of a rowid table's and its key index's. The batch
+replies, rows of kilobytes, stay rowid tables. Stores made before keep their layout and work the
+same (tests/integration/test_store_layout.py).
+"""
 
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ entities = Table(
     Column("created_at", Float, nullable=False),
     UniqueConstraint("ordinal", name="uq_entities_ordinal"),
     Index("ix_entities_redirect_to", "redirect_to"),
+    sqlite_with_rowid=False,
 )
 
 # Every display form of an entity: its name, aliases and surface forms. `kind` "retired" marks an
@@ -47,6 +54,7 @@ names = Table(
     # Who recorded an alias: "authority", "curator", "merge" or "previous_name".
     Column("source", String(16), nullable=False, default=""),
     PrimaryKeyConstraint("entity_id", "display", name="pk_names"),
+    sqlite_with_rowid=False,
 )
 
 # One placeholder per ambiguous (display form, type) pair: the primary key makes it so.
@@ -57,6 +65,7 @@ placeholders = Table(
     Column("entity_type", String(64), nullable=False),
     Column("entity_id", String(512), nullable=False),
     PrimaryKeyConstraint("display", "entity_type", name="pk_placeholders"),
+    sqlite_with_rowid=False,
 )
 
 # possibly_same_as links, unordered (a < b), with the curator's decision. state: open, distinct,
@@ -74,6 +83,7 @@ links = Table(
     PrimaryKeyConstraint("a", "b", name="pk_links"),
     Index("ix_links_b", "b"),
     Index("ix_links_state_seq", "state", "created_seq"),
+    sqlite_with_rowid=False,
 )
 
 evidence = Table(
@@ -85,6 +95,7 @@ evidence = Table(
     Column("raw_type", Text, nullable=False),
     Column("count", BigInteger, nullable=False),
     PrimaryKeyConstraint("entity_id", "context_id", "surface", "raw_type", name="pk_evidence"),
+    sqlite_with_rowid=False,
 )
 
 # The change feed; sequence numbers are assigned under the store's write lock: gapless, in commit
