@@ -767,14 +767,16 @@ def test_resolve_after_resolve_on_postgres(pg_url: str, seed: int) -> None:
 
 def run_against_the_model(db_url: str, seed: int, steps: int = 150,
                           start: Callable[[Settings], Service] = build_service) -> None:
-    """`steps` operations a seed: resolves (one in ten a batch of three, one in ten of the rest
-    lookup-only) of names with case, punctuation, spacing and typo perturbations under raw
-    types (unknown and empty ones too), most under one of a few papers (evidence; promotion
-    after 1, 2 or 3 papers, or never, by seed), some batches sent again; an authority import
-    halfway (import merges and links), a re-import of some canonical ids later (renamed,
-    aliases retired), and now and then a curator settling a link or adding an alias, an admin
-    merge (refused where SPEC says) or an admin promotion. In every third seed two services
-    share the database, each operation going to either. `start` makes a service."""
+    """`steps` operations a seed: resolves (one in ten a batch of three, some with an invalid
+    item, some sent again; one in ten of the rest lookup-only; a few invalid) of names with
+    case, punctuation, spacing and typo perturbations under raw types (unknown and empty ones
+    too), most under one of a few papers (evidence; promotion after 1, 2 or 3 papers, or never,
+    by seed); now and then three calls at once (resolves, lookups, batches) of spellings of one
+    name; an authority import halfway (import merges and links), a re-import of some canonical
+    ids later (renamed, aliases retired), and now and then a curator settling a link or adding
+    an alias, an admin merge (refused where SPEC says) or an admin promotion, some naming a
+    merged entity. In every third seed two services share the database, each operation going
+    to either. `start` makes a service."""
     rng = random.Random(seed)
     promote_after = (0, 1, 2, 3)[seed % 4]
     settings = Settings(db_url=db_url, promote_after_papers=promote_after)
