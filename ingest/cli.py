@@ -31,7 +31,7 @@ from ingest.pipeline import (
     run_job,
     sync_redirects,
 )
-from ingest.read import InputError, expand_paths
+from ingest.read import CORRUPT, InputError, expand_paths, open_input
 from ingest.settings import Settings
 from ingest.sink import GraphSink, SinkError
 from ingest.vocabulary import VocabularyError, default_vocabulary, load_vocabulary
@@ -148,14 +148,18 @@ class _LogProgress:
 
 
 def _count_lines(files: Sequence[Path]) -> int | None:
-    """A cheap total for the progress bar (newline count); None for huge inputs."""
+    """A cheap total for the progress bar (newline count, of compressed files decompressed);
+    None for huge inputs or when a file cannot be read to its end (its lines are rejected)."""
     if sum(f.stat().st_size for f in files) > 2 * 1024**3:
         return None
     total = 0
-    for f in files:
-        with f.open("rb") as fh:
-            while block := fh.read(1 << 20):
-                total += block.count(b"\n")
+    try:
+        for f in files:
+            with open_input(f) as fh:
+                while block := fh.read(1 << 20):
+                    total += block.count(b"\n")
+    except CORRUPT:
+        return None
     return total
 
 

@@ -2,12 +2,18 @@
 
 Lines are read as bytes, one at a time, so memory stays flat however large the batch. A line longer
 than the cap is never held whole: only a short prefix is kept (for the rejects table) and the rest
-is skipped in chunks.
+is skipped in chunks. Files compressed with gzip, bzip2 or xz are read through the decompressor
+(known by their first bytes, whatever their names); where the compressed data turns out corrupt
+or cut short, the lines before it are read and the rest of the file is one rejected line.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
 import logging
+import lzma
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +21,12 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")
 PREFIX_BYTES = 1024
 _SKIP_CHUNK = 1 << 20
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+# What a decompressor raises on corrupt or truncated data (gzip.BadGzipFile is an OSError).
+CORRUPT = (OSError, EOFError, lzma.LZMAError)
 
 
 class InputError(Exception):
@@ -32,6 +42,7 @@ class RawLine:
     data: bytes | None
     size: int
     prefix: bytes
+    unreadable: str = ""  # why the file could not be read on from this line (data is None)
 
     @property
     def position(self) -> str:
@@ -44,12 +55,10 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(
-                p for p in path.rglob("*")
-                if p.is_file() and p.suffix.lower() in JSONL_SUFFIXES  # PAPERS.JSONL too
-            )
+            found = sorted(p for p in path.rglob("*") if p.is_file() and is_input_name(p))
             if not found:
-                logger.warning("directory %s holds no *.jsonl or *.ndjson files", path)
+                logger.warning("directory %s holds no *.jsonl or *.ndjson files "
+                               "(nor such files compressed: .gz, .bz2, .xz)", path)
             files.extend(found)
         elif path.is_file():
             files.append(path)
@@ -58,32 +67,78 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def read_lines(path: Path, *, max_line_bytes: int) -> Iterator[RawLine]:
-    """Yields the non-blank lines of one file; a line over ``max_line_bytes`` has ``data`` None."""
-    source = str(path)
+def is_input_name(path: Path) -> bool:
+    """A JSON Lines file by its name (PAPERS.JSONL too), compressed or not."""
+    suffixes = [s.lower() for s in path.suffixes[-2:]]
+    if suffixes and suffixes[-1] in COMPRESSED_SUFFIXES:
+        suffixes.pop()
+    return bool(suffixes) and suffixes[-1] in JSONL_SUFFIXES
+
+
+def compression(path: Path) -> str:
+    """"gzip", "bzip2" or "xz" when the file's first bytes say so, else ""."""
     with path.open("rb") as f:
-        line_no = 0
+        head = f.read(6)
+    return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "")
+
+
+def open_input(path: Path, kind: str | None = None) -> io.BufferedIOBase:
+    """The file's bytes, decompressed when it is compressed (`kind`: from `compression`)."""
+    kind = compression(path) if kind is None else kind
+    if kind == "gzip":
+        return gzip.GzipFile(path, "rb")
+    if kind == "bzip2":
+        return bz2.BZ2File(path, "rb")
+    if kind == "xz":
+        return lzma.LZMAFile(path, "rb")
+    return path.open("rb")
+
+
+def read_lines(path: Path, *, max_line_bytes: int) -> Iterator[RawLine]:
+    """Yields the non-blank lines of one file; a line over ``max_line_bytes`` has ``data`` None,
+    and so does the line where compressed data turned out corrupt or cut short (``unreadable``
+    says why; nothing after it is read)."""
+    source = str(path)
+    line_no = 0
+    kind = compression(path)
+    with open_input(path, kind) as f:
         while True:
-            chunk = f.readline(max_line_bytes + 1)
+            try:
+                chunk, size, over_cap = _next_line(f, max_line_bytes)
+            except CORRUPT as e:
+                if not kind:
+                    raise  # a plain file that cannot be read: not a rejected line
+                reason = f"{kind} data is corrupt or cut short from here on ({e})"
+                logger.error("%s:%d: %s", source, line_no + 1, reason)
+                yield RawLine(source, line_no + 1, None, 0, b"", unreadable=reason)
+                return
             if not chunk:
                 return
             line_no += 1
-            complete = chunk.endswith(b"\n")
-            body = chunk.rstrip(b"\r\n")
-            if complete or len(chunk) <= max_line_bytes:
+            if not over_cap:
+                body = chunk.rstrip(b"\r\n")
                 if body.strip():
                     yield RawLine(source, line_no, body, len(body), body[:PREFIX_BYTES])
                 continue
-            # Over the cap: skip to the end of the line without keeping it.
-            size = len(chunk)
-            while not complete:
-                rest = f.readline(_SKIP_CHUNK)
-                if not rest:
-                    break
-                size += len(rest)
-                complete = rest.endswith(b"\n")
             logger.debug("%s:%d: line of %d bytes exceeds the cap", source, line_no, size)
             yield RawLine(source, line_no, None, size, chunk[:PREFIX_BYTES])
+
+
+def _next_line(f: io.BufferedIOBase, max_line_bytes: int) -> tuple[bytes, int, bool]:
+    """The next line (b"" at the end), its size, and whether it is over the cap: then only its
+    first ``max_line_bytes + 1`` bytes are returned, the rest skipped without being kept."""
+    chunk = f.readline(max_line_bytes + 1)
+    complete = chunk.endswith(b"\n")
+    if complete or len(chunk) <= max_line_bytes:
+        return chunk, len(chunk), False
+    size = len(chunk)
+    while not complete:
+        rest = f.readline(_SKIP_CHUNK)
+        if not rest:
+            break
+        size += len(rest)
+        complete = rest.endswith(b"\n")
+    return chunk, size, True
 
 
 def read_inputs(paths: Iterable[str | Path], *, max_line_bytes: int) -> Iterator[RawLine]:

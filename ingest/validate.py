@@ -190,6 +190,8 @@ def parse_line(raw: RawLine, *, vocabulary: Vocabulary, limits: Limits) -> Check
 
 def _parse_line(raw: RawLine, vocabulary: Vocabulary, limits: Limits) -> CheckedPaper | LineReject:
     prefix = raw.prefix.decode("utf-8", errors="replace")
+    if raw.unreadable:
+        return LineReject(raw.position, raw.unreadable, "")
     if raw.data is None:
         return LineReject(
             raw.position,

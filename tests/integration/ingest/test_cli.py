@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import random
 import subprocess
@@ -157,6 +158,43 @@ def test_rerun_from_another_directory_does_not_duplicate_rejects(
             ("in.jsonl:1", ""), ("in.jsonl:2", "relationships[0]")]
     finally:
         con.close()
+
+
+def test_a_compressed_file_is_ingested_as_its_text_and_a_cut_one_up_to_the_cut(
+        tmp_path: Path, stub: StubServer, capsys: pytest.CaptureFixture[str]) -> None:
+    import duckdb
+
+    text = (EXAMPLES / "papers.jsonl").read_bytes()
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "packed").mkdir()
+    (tmp_path / "plain" / "papers.jsonl").write_bytes(text)
+    (tmp_path / "packed" / "papers.jsonl.gz").write_bytes(gzip.compress(text))
+
+    def summary(directory: str) -> list[str]:
+        assert main(["run", str(tmp_path / directory), "--db", str(tmp_path / f"{directory}.db"),
+                     "--server", stub.address, "--no-progress"]) == 0
+        return [line for line in capsys.readouterr().out.splitlines()
+                if not line.startswith("rate:")]
+
+    assert summary("packed") == summary("plain")
+    packed = gzip.compress(text)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(packed[: len(packed) // 2])
+    db = tmp_path / "cut.db"
+    assert main(["run", str(cut), "--db", str(db), "--server", stub.address,
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "papers ingested:   0" not in out
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        (position, reason), = con.execute(
+            "SELECT position, reason FROM rejects WHERE reason LIKE 'gzip%'").fetchall()
+        ingested = con.execute("SELECT count(*) FROM papers").fetchone()
+    finally:
+        con.close()
+    assert reason.startswith("gzip data is corrupt or cut short from here on")
+    assert ingested is not None and 0 < ingested[0] < 200
+    assert position.startswith(f"{cut}:")  # the line the data broke off in
 
 
 def test_vocabulary_file_from_the_command_line(
