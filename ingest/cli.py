@@ -31,7 +31,7 @@ from ingest.pipeline import (
     run_job,
     sync_redirects,
 )
-from ingest.read import CORRUPT, InputError, expand_paths, open_input
+from ingest.read import CORRUPT, InputError, compression, expand_paths, open_input
 from ingest.settings import Settings
 from ingest.sink import GraphSink, SinkError
 from ingest.vocabulary import VocabularyError, default_vocabulary, load_vocabulary
@@ -150,7 +150,8 @@ class _LogProgress:
 def _count_lines(files: Sequence[Path]) -> int | None:
     """A cheap total for the progress bar (newline count, of compressed files decompressed);
     None for huge inputs or when a file cannot be read to its end (its lines are rejected)."""
-    if sum(f.stat().st_size for f in files) > 2 * 1024**3:
+    # A compressed byte is counted as the five or so it decompresses to.
+    if sum(f.stat().st_size * (5 if compression(f) else 1) for f in files) > 2 * 1024**3:
         return None
     total = 0
     try:
