@@ -150,13 +150,13 @@ class _LogProgress:
 def _count_lines(files: Sequence[Path]) -> int | None:
     """A cheap total for the progress bar (newline count, of compressed files decompressed);
     None for huge inputs or when a file cannot be read to its end (its lines are rejected)."""
-    kinds = {f: compression(f) for f in files}
+    kinds = [(f, compression(f)) for f in files]  # a file given twice is read twice
     # A compressed byte is counted as the five or so it decompresses to.
-    if sum(f.stat().st_size * (5 if kind else 1) for f, kind in kinds.items()) > 2 * 1024**3:
+    if sum(f.stat().st_size * (5 if kind else 1) for f, kind in kinds) > 2 * 1024**3:
         return None
     total = 0
     try:
-        for f, kind in kinds.items():
+        for f, kind in kinds:
             with open_input(f, kind) as fh:
                 while block := fh.read(1 << 20):
                     total += block.count(b"\n")
