@@ -6,8 +6,9 @@ mention's type, one placeholder per ambiguous (display form, type) pair, `possib
 links for ambiguous and weak outcomes and for a placeholder's candidates that appear later, and
 every field of every reply; evidence under each paper, automatic promotion at the configured
 paper count (merged entities' evidence counted with their target's) and by an admin, and a
-repeated batch answered with its first reply; on SQLite and PostgreSQL, by one service or by
-two sharing the database. The model shares nothing with identity_server's matching, index or
+repeated batch answered with its first reply, an invalid item's own error; calls made at once
+giving some one-at-a-time order's outcome; on SQLite and PostgreSQL, by one service or by two
+sharing the database, in-process or through gRPC servers. The model shares nothing with identity_server's matching, index or
 service code: it rescans its own list of entities for each rule. It uses the display-form, key
 and one-edit functions, which are the spec's definitions (tested on their own).
 """
