@@ -6,10 +6,14 @@ Settings come from flags, then `IDENTITY_*` environment variables, then defaults
 from __future__ import annotations
 
 import argparse
+import bz2
+import gzip
 import logging
+import lzma
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import grpc
 from pydantic import ValidationError
@@ -107,7 +111,7 @@ def _import(args: argparse.Namespace) -> int:
 
     settings = _settings(args, "db_url")
     try:
-        lines = args.file.open(encoding="utf-8-sig", newline="")
+        lines = _authority_file(args.file)
     except OSError as e:
         raise InvalidArgument(f"cannot read {args.file}: {e.strerror}") from e
     service = build_service(settings)
@@ -115,7 +119,8 @@ def _import(args: argparse.Namespace) -> int:
         with lines as f, tqdm(
             unit=" records", desc="importing", disable=None, file=sys.stderr
         ) as bar:
-            report = service.import_lines(f, args.format, progress=bar.update)
+            report = service.import_lines(_readable(f, args.file), args.format,
+                                          progress=bar.update)
     finally:
         service.close()
     for refused in report.errors:
@@ -126,6 +131,40 @@ def _import(args: argparse.Namespace) -> int:
         f"refused {len(report.errors)} records"
     )
     return 1 if report.errors else 0
+
+
+_COMPRESSED: dict[bytes, Callable[[Path, str], object]] = {
+    b"\x1f\x8b": gzip.open, b"BZh": bz2.open, b"\xfd7zXZ\x00": lzma.open}
+
+
+def _authority_file(path: Path) -> BinaryIO:
+    """The file's bytes, through its decompressor when its first bytes say gzip, bzip2 or xz."""
+    with path.open("rb") as f:
+        head = f.read(6)
+    for magic, opener in _COMPRESSED.items():
+        if head.startswith(magic):
+            return cast(BinaryIO, opener(path, "rb"))
+    return path.open("rb")
+
+
+def _readable(f: BinaryIO, path: Path) -> Iterator[str]:
+    """f's lines as text (a BOM dropped); a line that is not UTF-8, or compressed data cut
+    short, ends the import with an error naming the line (the records before it are kept, as
+    the RPC does)."""
+    number = 0
+    try:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InvalidArgument(
+                    f"{path}: line {number} is not valid UTF-8 ({e.reason} at byte {e.start + 1})"
+                ) from e
+            yield line.removeprefix("\ufeff") if number == 1 else line
+    except (OSError, EOFError, lzma.LZMAError) as e:
+        raise InvalidArgument(
+            f"{path}: the compressed data is corrupt or cut short after line {number} ({e})"
+        ) from e
 
 
 def _read_bytes(path: Path, what: str) -> bytes:

@@ -523,6 +523,45 @@ def test_cli_import_reports_refused_lines(tmp_path: Path) -> None:
                                    timeout=T).entity.aliases) == ["J. Smith", "Jane Smith"]
 
 
+def test_cli_import_reads_compressed_files_and_names_the_line_it_cannot_read(
+        tmp_path: Path) -> None:
+    """gzip, bzip2 or xz (known by the first bytes) import as the plain file does; a line that
+    is not UTF-8, or compressed data cut short, ends the import with exit 2 and an error naming
+    the line and what was kept, never a traceback."""
+    import bz2
+    import gzip
+    import lzma
+
+    def numbered(count: int) -> bytes:
+        return b"".join(b'{"id": "Q-%d", "name": "Record %d", "type": "other"}\n' % (i, i)
+                        for i in range(1, count + 1))
+
+    records = numbered(5)
+    packed = {"a.jsonl.gz": gzip.compress(records), "b.jsonl.bz2": bz2.compress(records),
+              "c.jsonl.xz": lzma.compress(records), "d.jsonl": records}
+
+    def run(name: str, data: bytes) -> subprocess.CompletedProcess[str]:
+        (tmp_path / name).write_bytes(data)
+        return subprocess.run(
+            [str(CLI), "import", str(tmp_path / name), "--db",
+             f"sqlite:///{tmp_path / (name + '.sqlite')}"],
+            check=False, capture_output=True, text=True, env=_env(), timeout=60)
+
+    for name, data in packed.items():
+        done = run(name, data)
+        assert done.returncode == 0, (name, done.stderr)
+        assert "imported 5 records (5 new, 0 replaced)" in done.stdout, (name, done.stdout)
+    bad = run("bad.jsonl", records.replace(b"Record 3", b"R\xe9cord 3"))
+    cut = run("cut.jsonl.gz", gzip.compress(numbered(2000))[:-200])
+    for done, name, says in ((bad, "bad.jsonl", "line 3 is not valid UTF-8"),
+                             (cut, "cut.jsonl.gz", "the compressed data is corrupt or cut short")):
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert f"error: {tmp_path / name}: {says}" in done.stderr
+        assert "records from before it were imported" in done.stderr
+    assert "; 1000 records from before it were imported" in cut.stderr  # the first transaction
+
+
 def test_cli_resolve_prints_the_id(db_url: str) -> None:
     with serving(db_url) as (running, stub):
         import_jsonl(stub, '{"id": "Q-ADA", "name": "Ada Lovelace", "type": "person"}\n')
