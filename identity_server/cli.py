@@ -111,7 +111,7 @@ def _import(args: argparse.Namespace) -> int:
 
     settings = _settings(args, "db_url")
     try:
-        lines = _authority_file(args.file)
+        lines, kind = _authority_file(args.file)
     except OSError as e:
         raise InvalidArgument(f"cannot read {args.file}: {e.strerror}") from e
     service = build_service(settings)
@@ -119,7 +119,7 @@ def _import(args: argparse.Namespace) -> int:
         with lines as f, tqdm(
             unit=" records", desc="importing", disable=None, file=sys.stderr
         ) as bar:
-            report = service.import_lines(_readable(f, args.file), args.format,
+            report = service.import_lines(_readable(f, args.file, kind), args.format,
                                           progress=bar.update)
     finally:
         service.close()
@@ -133,24 +133,26 @@ def _import(args: argparse.Namespace) -> int:
     return 1 if report.errors else 0
 
 
-_COMPRESSED: dict[bytes, Callable[[Path, str], object]] = {
-    b"\x1f\x8b": gzip.open, b"BZh": bz2.open, b"\xfd7zXZ\x00": lzma.open}
+_COMPRESSED: dict[bytes, tuple[str, Callable[[Path, str], object]]] = {
+    b"\x1f\x8b": ("gzip", gzip.open), b"BZh": ("bzip2", bz2.open),
+    b"\xfd7zXZ\x00": ("xz", lzma.open)}
 
 
-def _authority_file(path: Path) -> BinaryIO:
-    """The file's bytes, through its decompressor when its first bytes say gzip, bzip2 or xz."""
+def _authority_file(path: Path) -> tuple[BinaryIO, str]:
+    """The file's bytes, through its decompressor when its first bytes say gzip, bzip2 or xz;
+    and which of them ("" for none)."""
     with path.open("rb") as f:
         head = f.read(6)
-    for magic, opener in _COMPRESSED.items():
+    for magic, (kind, opener) in _COMPRESSED.items():
         if head.startswith(magic):
-            return cast(BinaryIO, opener(path, "rb"))
-    return path.open("rb")
+            return cast(BinaryIO, opener(path, "rb")), kind
+    return path.open("rb"), ""
 
 
-def _readable(f: BinaryIO, path: Path) -> Iterator[str]:
-    """f's lines as text (a BOM dropped); a line that is not UTF-8, or compressed data cut
-    short, ends the import with an error naming the line (the records before it are kept, as
-    the RPC does)."""
+def _readable(f: BinaryIO, path: Path, kind: str) -> Iterator[str]:
+    """f's lines as text (a BOM dropped); a line that is not UTF-8, or data that cannot be read
+    on (compressed data cut short), ends the import with an error naming the line (the records
+    before it are kept, as the RPC does)."""
     number = 0
     try:
         for number, raw in enumerate(f, start=1):
@@ -162,9 +164,8 @@ def _readable(f: BinaryIO, path: Path) -> Iterator[str]:
                 ) from e
             yield line.removeprefix("\ufeff") if number == 1 else line
     except (OSError, EOFError, lzma.LZMAError) as e:
-        raise InvalidArgument(
-            f"{path}: the compressed data is corrupt or cut short after line {number} ({e})"
-        ) from e
+        what = f"the {kind} data is corrupt or cut short" if kind else "cannot be read on"
+        raise InvalidArgument(f"{path}: {what} after line {number} ({e})") from e
 
 
 def _read_bytes(path: Path, what: str) -> bytes:

@@ -554,7 +554,7 @@ def test_cli_import_reads_compressed_files_and_names_the_line_it_cannot_read(
     bad = run("bad.jsonl", records.replace(b"Record 3", b"R\xe9cord 3"))
     cut = run("cut.jsonl.gz", gzip.compress(numbered(2000))[:-200])
     for done, name, says in ((bad, "bad.jsonl", "line 3 is not valid UTF-8"),
-                             (cut, "cut.jsonl.gz", "the compressed data is corrupt or cut short")):
+                             (cut, "cut.jsonl.gz", "the gzip data is corrupt or cut short")):
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr
         assert f"error: {tmp_path / name}: {says}" in done.stderr
