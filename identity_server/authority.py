@@ -2,17 +2,26 @@
 
 Parsing is separate from importing so that the CLI (a file on disk) and the ImportAuthority RPC
 (a stream of byte chunks) share it. Each record carries its line number, so a refusal can say
-where the bad record is.
+where the bad record is. Lines are decoded one at a time: a line that is not UTF-8 refuses the
+record that holds it, not the rest of the file.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from identity_server.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from _csv import Reader as CsvReader
 
 REQUIRED_COLUMNS = ("id", "name", "type")
+_UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,24 +39,58 @@ class RecordError:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class NotUtf8:
+    """A line whose bytes are not UTF-8. `text` holds U+FFFD for the bad bytes, so that a CSV
+    reader keeps its place; the record the line belongs to is refused with `message`."""
+
+    text: str
+    message: str
+
+
+Line = str | NotUtf8
+
+
+def decode_lines(raw_lines: Iterable[bytes]) -> Iterator[Line]:
+    """Each line as text (a UTF-8 byte-order mark before the first dropped), or NotUtf8.
+
+    A UTF-16 file is refused whole (every line of it would be refused, for one reason)."""
+    for number, raw in enumerate(raw_lines, start=1):
+        if number == 1:
+            if raw.startswith(_UTF16_BOMS):
+                raise InvalidArgument(
+                    "the authority file is UTF-16 (it starts with a UTF-16 byte-order mark); "
+                    "save it as UTF-8")
+            raw = raw.removeprefix(codecs.BOM_UTF8)
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield NotUtf8(raw.decode("utf-8", "replace"),
+                          f"not valid UTF-8 ({e.reason} at byte {e.start + 1} of the line)")
+
+
+def _text(line: Line) -> str:
+    return line.text if isinstance(line, NotUtf8) else line
+
+
 def detect_format(first_line: str) -> str:
     """`jsonl` when the first non-blank line is a JSON object, else `csv`."""
     return "jsonl" if first_line.lstrip().startswith("{") else "csv"
 
 
 def parse_authority(
-    lines: Iterable[str], fmt: str | None = None
+    lines: Iterable[Line], fmt: str | None = None
 ) -> Iterator[AuthorityRecord | RecordError]:
     """Records and per-record errors, in file order. `lines` keep their line endings or not."""
     it = iter(lines)
-    head: list[str] = []
+    head: list[Line] = []
     for line in it:
         head.append(line)
-        if line.strip():
+        if _text(line).strip():
             break
-    if not head or not head[-1].strip():
+    if not head or not _text(head[-1]).strip():
         return
-    fmt = fmt or detect_format(head[-1])
+    fmt = fmt or detect_format(_text(head[-1]))
     body = _chain(head, it)
     if fmt == "jsonl":
         yield from _parse_jsonl(body)
@@ -57,13 +100,16 @@ def parse_authority(
         raise ValueError(f"unknown authority format {fmt!r}; use jsonl or csv")
 
 
-def _chain(head: list[str], rest: Iterator[str]) -> Iterator[str]:
+def _chain(head: list[Line], rest: Iterator[Line]) -> Iterator[Line]:
     yield from head
     yield from rest
 
 
-def _parse_jsonl(lines: Iterable[str]) -> Iterator[AuthorityRecord | RecordError]:
+def _parse_jsonl(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]:
     for number, line in enumerate(lines, start=1):
+        if isinstance(line, NotUtf8):
+            yield RecordError(number, line.message)
+            continue
         if not line.strip():
             continue
         try:
@@ -80,10 +126,19 @@ def _parse_jsonl(lines: Iterable[str]) -> Iterator[AuthorityRecord | RecordError
         yield _record(number, obj, obj.get("aliases", []))
 
 
-def _parse_csv(lines: Iterable[str]) -> Iterator[AuthorityRecord | RecordError]:
-    reader = csv.reader(_strip_newlines(lines))
-    header = next(reader, None)
+def _parse_csv(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]:
+    not_utf8: dict[int, str] = {}  # line number -> why, for the lines read so far
+    reader = csv.reader(_strip_newlines(lines, not_utf8))
+    rows = _csv_rows(reader)
+    header = next(rows, None)
     if header is None:
+        return
+    if isinstance(header, RecordError):
+        yield RecordError(header.line, f"the CSV header is {header.message}")
+        return
+    if not_utf8:
+        number, message = next(iter(not_utf8.items()))
+        yield RecordError(number, f"the CSV header is {message}")
         return
     columns = [h.strip().lower() for h in header]
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
@@ -91,8 +146,17 @@ def _parse_csv(lines: Iterable[str]) -> Iterator[AuthorityRecord | RecordError]:
         yield RecordError(1, f"CSV header lacks column(s) {', '.join(missing)}; "
                              "expected id,name,type,aliases")
         return
-    for row in reader:
+    for row in rows:
         number = reader.line_num
+        if not_utf8:  # the row ends here and may span lines (quoted newlines): any bad one
+            first = min(not_utf8)
+            message = not_utf8[first]
+            not_utf8.clear()
+            yield RecordError(first, message)
+            continue
+        if isinstance(row, RecordError):
+            yield row
+            continue
         if not any(cell.strip() for cell in row):
             continue
         if len(row) > len(columns):
@@ -104,9 +168,26 @@ def _parse_csv(lines: Iterable[str]) -> Iterator[AuthorityRecord | RecordError]:
         yield _record(number, obj, aliases)
 
 
-def _strip_newlines(lines: Iterable[str]) -> Iterator[str]:
-    for line in lines:
-        yield line if line.endswith("\n") else line + "\n"
+def _csv_rows(reader: CsvReader) -> Iterator[list[str] | RecordError]:
+    """The reader's rows; a row the reader cannot read (a field over its size limit) is a
+    RecordError, and reading goes on with the next line."""
+    while True:
+        try:
+            yield next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            yield RecordError(reader.line_num, f"not valid CSV: {e}")
+
+
+def _strip_newlines(lines: Iterable[Line], not_utf8: dict[int, str]) -> Iterator[str]:
+    """Lines ending in a newline, as the CSV reader wants them; the numbers of those that were
+    not UTF-8 go into `not_utf8`."""
+    for number, line in enumerate(lines, start=1):
+        if isinstance(line, NotUtf8):
+            not_utf8[number] = line.message
+        text = _text(line)
+        yield text if text.endswith("\n") else text + "\n"
 
 
 def _record(number: int, obj: Mapping[str, object], aliases: object) -> AuthorityRecord | RecordError:

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from tqdm import tqdm
 
+from identity_server.authority import Line, decode_lines
 from identity_server.errors import IdentityError, InvalidArgument, StartupError
 from identity_server.settings import Settings, describe_settings_error
 
@@ -149,23 +150,25 @@ def _authority_file(path: Path) -> tuple[BinaryIO, str]:
     return path.open("rb"), ""
 
 
-def _readable(f: BinaryIO, path: Path, kind: str) -> Iterator[str]:
-    """f's lines as text (a BOM dropped); a line that is not UTF-8, or data that cannot be read
-    on (compressed data cut short), ends the import with an error naming the line (the records
-    before it are kept, as the RPC does)."""
-    number = 0
+def _readable(f: BinaryIO, path: Path, kind: str) -> Iterator[Line]:
+    """f's lines, decoded one at a time (a line that is not UTF-8 refuses its record only);
+    data that cannot be read on (compressed data cut short) ends the import with an error
+    naming the line it broke off after (the records before it are kept, as the RPC does)."""
+    number = 0  # lines read whole
+
+    def counted() -> Iterator[bytes]:
+        nonlocal number
+        for raw in f:
+            number += 1
+            yield raw
+
     try:
-        for number, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InvalidArgument(
-                    f"{path}: line {number} is not valid UTF-8 ({e.reason} at byte {e.start + 1})"
-                ) from e
-            yield line.removeprefix("\ufeff") if number == 1 else line
+        yield from decode_lines(counted())
     except (OSError, EOFError, lzma.LZMAError) as e:
         what = f"the {kind} data is corrupt or cut short" if kind else "cannot be read on"
         raise InvalidArgument(f"{path}: {what} after line {number} ({e})") from e
+    except InvalidArgument as e:  # a UTF-16 file
+        raise InvalidArgument(f"{path}: {e}") from e
 
 
 def _read_bytes(path: Path, what: str) -> bytes:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from identity_server.authority import AuthorityRecord, RecordError, parse_authority
+from identity_server.authority import AuthorityRecord, Line, RecordError, parse_authority
 from identity_server.domain import (
     OTHER,
     Entity,
@@ -877,7 +877,7 @@ class IdentityService:
 
     # -- importing (admin) -----------------------------------------------------------------------
 
-    def import_lines(self, lines: Iterable[str], fmt: str | None = None, *,
+    def import_lines(self, lines: Iterable[Line], fmt: str | None = None, *,
                      progress: Callable[[int], object] | None = None) -> ImportReport:
         """Import an authority file's lines; bad records are refused with their line numbers.
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import codecs
 import functools
 import hmac
+import itertools
 import json
 import logging
 import time
@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 from identity_api.v1 import identity_service_pb2 as pb
 
+from identity_server.authority import Line, decode_lines
 from identity_server.domain import MatchKind, Status
 from identity_server.errors import (
     EntityNotFound,
@@ -306,26 +307,20 @@ class IdentityServicer:
 
 
 def _lines(first: pb.ImportAuthorityRequest,
-           rest: Iterator[pb.ImportAuthorityRequest]) -> Iterator[str]:
-    """Text lines from a stream of byte chunks (chunks may split lines and UTF-8 sequences)."""
-    decoder = codecs.getincrementaldecoder("utf-8-sig")()
-    buffer = ""
+           rest: Iterator[pb.ImportAuthorityRequest]) -> Iterator[Line]:
+    """Lines from a stream of byte chunks (chunks may split lines and UTF-8 sequences), each
+    decoded on its own: a line that is not UTF-8 refuses its record only."""
 
-    def chunks() -> Iterator[bytes]:
-        yield first.data
-        for req in rest:
-            yield req.data
-
-    try:
-        for data in chunks():
-            buffer += decoder.decode(data)
-            *complete, buffer = buffer.split("\n")
+    def raw_lines() -> Iterator[bytes]:
+        buffer = b""
+        for data in itertools.chain((first.data,), (req.data for req in rest)):
+            buffer += data
+            *complete, buffer = buffer.split(b"\n")
             yield from complete
-        buffer += decoder.decode(b"", final=True)
-    except UnicodeDecodeError as e:
-        raise InvalidArgument(f"authority file is not valid UTF-8: {e.reason}") from e
-    if buffer:
-        yield buffer
+        if buffer:
+            yield buffer
+
+    return decode_lines(raw_lines())
 
 
 def _json(detail: dict[str, Any]) -> str:

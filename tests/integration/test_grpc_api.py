@@ -690,13 +690,32 @@ def test_import_csv_with_bom_quotes_and_refused_rows(stub: Stub, size: int) -> N
     assert resolve(stub, "zoe angstrom", "person").entity_id == "C-4"
 
 
-@pytest.mark.parametrize(
-    "data", [b'{"id": "Q-1", "name": "caf\xe9", "type": "other"}\n', "東京".encode()[:-1]]
-)
-def test_import_refuses_invalid_utf8(stub: Stub, data: bytes) -> None:
-    err = fails(lambda: import_data(stub, data, size=3))
+@pytest.mark.parametrize("size", [1, 3, 1 << 16])
+def test_import_refuses_the_records_on_lines_that_are_not_utf8_and_keeps_the_rest(
+        stub: Stub, size: int) -> None:
+    """Chunks may split lines and characters; a line that is not UTF-8 refuses its own record
+    (a CSV record over several lines with it), and the rest of the file is imported."""
+    jsonl = (b'{"id": "Q-1", "name": "caf\xe9", "type": "other"}\n'
+             + json.dumps(rec("Q-2", "東京大学", "organization"), ensure_ascii=False).encode()
+             + b"\n" + "東京".encode()[:-1])  # a last line cut inside a character
+    report = import_data(stub, jsonl, size=size)
+    assert (report.imported, [e.line for e in report.errors]) == (1, [1, 3])
+    assert all(e.message.startswith("not valid UTF-8 (") for e in report.errors)
+    assert get(stub, "Q-2").name == "東京大学"
+
+    csv_data = (b'id,name,type\nC-1,"two\nlin\xe9s",other\nC-2,Zo\xc3\xab,person\n')
+    report = import_data(stub, csv_data, size=size, fmt=pb.AUTHORITY_FORMAT_CSV)
+    assert (report.imported, [e.line for e in report.errors]) == (1, [3])
+    assert get(stub, "C-2").name == "Zoë"
+    assert fails(lambda: get(stub, "C-1")).code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_import_refuses_a_utf16_file_whole(stub: Stub) -> None:
+    data = ("\ufeff" + json.dumps(rec("Q-1", "Ada", "person")) + "\n").encode("utf-16-le")
+    err = fails(lambda: import_data(stub, data, size=5))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert err.details()
+    assert "UTF-16" in (err.details() or "")
+    assert fails(lambda: get(stub, "Q-1")).code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_import_merges_or_links_provisional_entities_and_replaces_records(stub: Stub) -> None:
@@ -987,20 +1006,37 @@ def test_a_request_that_does_not_decode_is_invalid_argument(
         assert resolve(Stub(ch), "Quorbex", "tool").created
 
 
-def test_an_import_that_breaks_off_keeps_its_committed_records_merged_and_says_so(
-        stub: Stub) -> None:
-    """Bad bytes after the first 1,000-record transaction: those records stay imported, the
-    provisional entity one of them names is merged into it as after a whole import, and the
-    error says how many records were kept."""
+def test_an_import_that_breaks_off_keeps_its_committed_records_merged(stub: Stub) -> None:
+    """The client cancels after the first 1,000-record transaction has committed: those
+    records stay imported, and the provisional entity one of them names is merged into it as
+    after a whole import (the records after the transaction are not imported)."""
     made = resolve(stub, "Nuclear Magnetic Resonance", "method")
     records = [{"id": "Q0", "name": "nuclear magnetic resonance", "type": "method"}] + [
         {"id": f"Q{i}", "name": f"Record Number {i}", "type": "other"} for i in range(1, 1500)]
-    data = jsonl(records) + b'{"id": "Q-bad", "name": "caf\xe9", "type": "other"}\n'
-    err = fails(lambda: import_data(stub, data, size=8192))
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "1000 records from before it were imported" in (err.details() or "")
-    assert get(stub, "Q0").name == "nuclear magnetic resonance"
+    release = threading.Event()
+
+    def chunks() -> Iterator[pb.ImportAuthorityRequest]:
+        yield from chunked(jsonl(records), 8192, pb.AUTHORITY_FORMAT_JSONL)
+        release.wait(T)  # the stream stays open until the client cancels
+
+    call = stub.ImportAuthority.future(chunks(), metadata=ADMIN, timeout=T)
+    try:
+        for _ in range(200):  # until the first transaction has committed
+            try:
+                get(stub, "Q999")
+                break
+            except grpc.RpcError:
+                threading.Event().wait(0.05)
+        call.cancel()
+    finally:
+        release.set()
+    for _ in range(200):  # the server notices the cancel on its next read, then merges
+        if get(stub, made.entity_id).redirect_to == "Q0":
+            break
+        threading.Event().wait(0.05)
     assert get(stub, made.entity_id).redirect_to == "Q0"
+    assert get(stub, "Q0").name == "nuclear magnetic resonance"
+    assert fails(lambda: get(stub, "Q1499")).code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_an_import_the_client_cancels_is_logged_as_cancelled_not_as_a_fault(

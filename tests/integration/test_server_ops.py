@@ -523,11 +523,11 @@ def test_cli_import_reports_refused_lines(tmp_path: Path) -> None:
                                    timeout=T).entity.aliases) == ["J. Smith", "Jane Smith"]
 
 
-def test_cli_import_reads_compressed_files_and_names_the_line_it_cannot_read(
+def test_cli_import_reads_compressed_files_and_refuses_what_it_cannot_read(
         tmp_path: Path) -> None:
     """gzip, bzip2 or xz (known by the first bytes) import as the plain file does; a line that
-    is not UTF-8, or compressed data cut short, ends the import with exit 2 and an error naming
-    the line and what was kept, never a traceback."""
+    is not UTF-8 refuses its record (exit 1, the rest imported); compressed data cut short ends
+    the import with exit 2 and an error naming the line and what was kept, never a traceback."""
     import bz2
     import gzip
     import lzma
@@ -551,15 +551,23 @@ def test_cli_import_reads_compressed_files_and_names_the_line_it_cannot_read(
         done = run(name, data)
         assert done.returncode == 0, (name, done.stderr)
         assert "imported 5 records (5 new, 0 replaced)" in done.stdout, (name, done.stdout)
-    bad = run("bad.jsonl", records.replace(b"Record 3", b"R\xe9cord 3"))
+    latin1 = records.replace(b"Record 3", b"R\xe9cord 3")
+    for name, data in (("bad.jsonl", latin1), ("bad.jsonl.gz", gzip.compress(latin1))):
+        bad = run(name, data)
+        assert bad.returncode == 1, bad.stderr
+        assert "Traceback" not in bad.stderr
+        assert (f"{tmp_path / name}:3: not valid UTF-8 (invalid continuation byte at byte 25 "
+                "of the line)") in bad.stderr
+        assert "imported 4 records (4 new, 0 replaced)" in bad.stdout
+        assert "refused 1 records" in bad.stdout
     cut = run("cut.jsonl.gz", gzip.compress(numbered(2000))[:-200])
-    for done, name, says in ((bad, "bad.jsonl", "line 3 is not valid UTF-8"),
-                             (cut, "cut.jsonl.gz", "the gzip data is corrupt or cut short")):
-        assert done.returncode == 2, done.stderr
-        assert "Traceback" not in done.stderr
-        assert f"error: {tmp_path / name}: {says}" in done.stderr
-        assert "records from before it were imported" in done.stderr
+    assert cut.returncode == 2, cut.stderr
+    assert "Traceback" not in cut.stderr
+    assert f"error: {tmp_path / 'cut.jsonl.gz'}: the gzip data is corrupt or cut short" in cut.stderr
     assert "; 1000 records from before it were imported" in cut.stderr  # the first transaction
+    wide = run("wide.jsonl", "\ufeff".encode("utf-16-le") + records.decode().encode("utf-16-le"))
+    assert wide.returncode == 2, wide.stderr
+    assert f"error: {tmp_path / 'wide.jsonl'}: the authority file is UTF-16" in wide.stderr
 
 
 def test_cli_resolve_prints_the_id(db_url: str) -> None:

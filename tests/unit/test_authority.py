@@ -1,0 +1,67 @@
+"""Reading authority files: a bad line refuses its own record, never the rest of the file."""
+
+from __future__ import annotations
+
+import pytest
+
+from identity_server.authority import AuthorityRecord, RecordError, decode_lines, parse_authority
+from identity_server.errors import InvalidArgument
+
+
+def parsed(data: bytes, fmt: str | None = None) -> list[tuple[int, str]]:
+    """(line, id) for each record and (line, "error: ...") for each refusal, in file order."""
+    out = []
+    for item in parse_authority(decode_lines(data.split(b"\n")), fmt):
+        if isinstance(item, RecordError):
+            out.append((item.line, f"error: {item.message}"))
+        else:
+            assert isinstance(item, AuthorityRecord)
+            out.append((item.line, item.entity_id))
+    return out
+
+
+def test_a_jsonl_line_that_is_not_utf8_refuses_that_record_only() -> None:
+    data = (b'{"id": "A", "name": "Ada", "type": "person"}\n'
+            b'{"id": "B", "name": "Caf\xe9", "type": "other"}\n'
+            b'{"id": "C", "name": "Caf\xc3\xa9", "type": "other"}\n')
+    assert parsed(data) == [
+        (1, "A"),
+        (2, "error: not valid UTF-8 (invalid continuation byte at byte 25 of the line)"),
+        (3, "C"),
+    ]
+
+
+def test_a_csv_record_holding_a_line_that_is_not_utf8_is_refused_with_that_line() -> None:
+    data = (b'id,name,type\n'
+            b'A,"Two\nlin\xe9s",other\n'  # one record over lines 2-3, line 3 is not UTF-8
+            b'B,Bee,other\n'
+            b'C,\xff,other\n'
+            b'D,Dee,other\n')
+    assert parsed(data) == [
+        (3, "error: not valid UTF-8 (invalid continuation byte at byte 4 of the line)"),
+        (4, "B"),
+        (5, "error: not valid UTF-8 (invalid start byte at byte 3 of the line)"),
+        (6, "D"),
+    ]
+
+
+def test_a_csv_header_that_cannot_be_read_refuses_the_file_with_its_line() -> None:
+    assert parsed(b"id,n\xe4me,type\nA,x,other\n", "csv") == [
+        (1, ("error: the CSV header is not valid UTF-8 (invalid continuation byte at byte 5 "
+             "of the line)"))]
+
+
+def test_a_csv_field_over_the_readers_limit_refuses_its_row_and_reading_goes_on() -> None:
+    data = b"id,name,type\nA," + b"x" * 200_000 + b",other\nB,Bee,other\n"
+    [(line, message), rest] = parsed(data)
+    assert (line, rest) == (2, (3, "B"))
+    assert message.startswith("error: not valid CSV: field larger than field limit")
+
+
+def test_a_utf8_byte_order_mark_is_dropped_and_a_utf16_file_refused_whole() -> None:
+    record = '{"id": "A", "name": "Ada", "type": "person"}\n'
+    assert parsed(b"\xef\xbb\xbf" + record.encode()) == [(1, "A")]
+    for encoding in ("utf-16", "utf-16-be"):
+        data = ("\ufeff" if encoding.endswith("be") else "") + record
+        with pytest.raises(InvalidArgument, match="UTF-16"):
+            parsed(data.encode(encoding))
