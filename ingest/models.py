@@ -1,7 +1,8 @@
 """Pydantic models of one input line (SPEC section 6), strict: wrong JSON types are rejected.
 
 A confidence given as the string "0.9" or mentions given as an object are errors of the producer,
-and coercing them would hide the bug, so every model is strict. Caps stay configurable: validate
+and coercing them would hide the bug, so every model is strict; the one reading is an integer id
+or revision, taken as its decimal text (`integer_as_text`). Caps stay configurable: validate
 inside ``with limits_in_force(limits):`` (a context variable, cheaper than pydantic's validation
 context on hot paths).
 """
@@ -16,7 +17,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,30 @@ def check_unicode(value: str) -> str:
     return value
 
 
+def integer_as_text(value: Any) -> Any:
+    """A JSON integer given for an id or a revision, as its decimal text: extractors often
+    number their mentions (`"id": 3`, `"subject": 3`), and an integer names one thing only, so
+    reading it as "3" hides nothing. Anything else is returned as it is."""
+    return str(value) if type(value) is int else value
+
+
+def _id_text(value: Any) -> Any:
+    """integer_as_text, and a clear error for what is neither text nor an integer (booleans and
+    fractions included). None passes, for an optional field's other branch to judge."""
+    value = integer_as_text(value)
+    if value is None or isinstance(value, str):
+        return value
+    got = ("a boolean" if isinstance(value, bool) else f"the fraction {value!r}"
+           if isinstance(value, float) else _JSON_TYPES.get(type(value), type(value).__name__))
+    raise ValueError(f"must be a string or an integer (got {got})")
+
+
+_JSON_TYPES: dict[type, str] = {dict: "an object", list: "an array"}
+
+
+IdText = Annotated[str, BeforeValidator(_id_text)]
+
+
 def _check_id(value: str) -> str:
     check_unicode(value)
     if not value.strip():
@@ -129,7 +154,7 @@ class MentionIn(BaseModel):
     """One mention: ``{"id", "text", "type", "span"?}``."""
 
     model_config = _STRICT
-    id: str
+    id: IdText
     text: str
     type: str
     span: SpanList | SpanObject | None = None
@@ -185,9 +210,9 @@ class RelationshipIn(BaseModel):
     """One relationship between two mention ids of the same paper."""
 
     model_config = _STRICT
-    subject: str
+    subject: IdText
     predicate: str
-    object: str
+    object: IdText
     confidence: float | None = None
     evidence: EvidenceIn | None = None
 
@@ -233,8 +258,8 @@ class PaperEnvelope(BaseModel):
     """The line's outer shape; items are validated one by one so one bad item costs only itself."""
 
     model_config = _STRICT
-    paper_id: str
-    revision: str | None = None
+    paper_id: IdText
+    revision: IdText | None = None
     mentions: list[Any]
     relationships: list[Any]
 

@@ -27,6 +27,7 @@ from ingest.models import (
     Span,
     SpanError,
     first_surrogate,
+    integer_as_text,
     limits_in_force,
     to_span,
 )
@@ -224,7 +225,8 @@ def _parse_line(raw: RawLine, vocabulary: Vocabulary, limits: Limits) -> Checked
         fast = _fast_paper(obj, raw.position, content_hash, vocabulary, limits)
         if fast is not None:
             return fast
-    paper_id = obj.get("paper_id") if isinstance(obj.get("paper_id"), str) else None
+    paper_id = integer_as_text(obj.get("paper_id"))
+    paper_id = paper_id if isinstance(paper_id, str) else None
     if paper_id is not None and first_surrogate(paper_id) is not None:
         paper_id = None  # the reject is stored without it; its reason says what is wrong
     try:
@@ -361,6 +363,10 @@ def _fast_paper(
     """The whole paper when every item passes every check; None sends it to ``check_paper``."""
     paper_id = obj.get("paper_id")
     revision = obj.get("revision")
+    if type(paper_id) is _INT:  # ids and revisions may be integers, read as their text
+        paper_id = str(paper_id)
+    if type(revision) is _INT:
+        revision = str(revision)
     mention_items = obj.get("mentions")
     relationship_items = obj.get("relationships")
     max_id = limits.max_id_chars
@@ -382,6 +388,8 @@ def _fast_paper(
         if type(m) is not _DICT:
             return None
         mid = m.get("id")
+        if type(mid) is _INT:
+            mid = str(mid)
         text = m.get("text")
         etype = m.get("type")
         if (type(mid) is not _STR or type(text) is not _STR or type(etype) is not _STR
@@ -407,6 +415,10 @@ def _fast_paper(
         subject = r.get("subject")
         predicate = r.get("predicate")
         obj_id = r.get("object")
+        if type(subject) is _INT:
+            subject = str(subject)
+        if type(obj_id) is _INT:
+            obj_id = str(obj_id)
         confidence = r.get("confidence")
         evidence = r.get("evidence")
         if (type(subject) is not _STR or type(predicate) is not _STR or type(obj_id) is not _STR
@@ -462,8 +474,9 @@ def _relationship_key(r: RelationshipIn, span: Span | None) -> str:
 
 
 def _note_rejected_id(item: Any, where: str, rejected: dict[str, str]) -> None:
-    if isinstance(item, dict) and isinstance(item.get("id"), str):
-        rejected.setdefault(item["id"], where)
+    mention_id = integer_as_text(item.get("id")) if isinstance(item, dict) else None
+    if isinstance(mention_id, str):
+        rejected.setdefault(mention_id, where)
 
 
 def _check_relationship(

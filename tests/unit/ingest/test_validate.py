@@ -96,7 +96,10 @@ BAD_RELATIONSHIPS = [
      "between 0 and 1, got a 401-digit number"),
     ({"subject": "m1", "object": "m2"}, "predicate: required field is missing"),
     ({"subject": "m1", "predicate": "  ", "object": "m2"}, "predicate is empty"),
-    ({"subject": 1, "predicate": "uses", "object": "m2"}, "subject: Input should be a valid"),
+    ({"subject": 1, "predicate": "uses", "object": "m2"},
+     "subject: '1' is not a mention id of this paper"),
+    ({"subject": 1.5, "predicate": "uses", "object": "m2"},
+     "subject: must be a string or an integer (got the fraction 1.5)"),
     ({"subject": "m1", "predicate": "uses", "object": "m2", "evidence": "quote"},
      "evidence"),
     ({"subject": "m1", "predicate": "uses", "object": "m2", "evidence": {"span": [9, 3]}},
@@ -125,6 +128,7 @@ BAD_MENTIONS = [
     ({"id": "m3", "text": "X"}, "type: required field is missing"),
     ({"id": "m3", "text": "X", "type": ""}, "type is empty"),
     ({"id": "m3", "text": 42, "type": "method"}, "valid string (got int)"),
+    ({"id": 3.5, "text": "X", "type": "method"}, "id: must be a string or an integer"),
     ({"id": "m3", "text": "x" * 513, "type": "method"}, "513 characters long"),
     ({"text": "X", "type": "method"}, "id: required field is missing"),
     ({"id": "m3", "text": "X", "type": "method", "span": [1]}, "span"),
@@ -154,6 +158,30 @@ def test_relationship_on_a_rejected_mention_is_rejected_with_its_reason() -> Non
     assert "mention 'm3' was rejected (mentions[2])" in p.rejects[1].reason
 
 
+def test_integer_ids_and_revisions_are_read_as_their_decimal_text() -> None:
+    """Extractors often number their mentions; "1" and 1 name the same mention."""
+    raw = json.dumps({
+        "paper_id": 1234, "revision": 2,
+        "mentions": [{"id": 1, "text": "BERT", "type": "method"},
+                     {"id": "2", "text": "SQuAD", "type": "dataset"},
+                     {"id": 3, "text": " ", "type": "method"},
+                     {"id": "1", "text": "Again", "type": "method"}],
+        "relationships": [{"subject": 1, "predicate": "evaluated on", "object": 2},
+                          {"subject": "1", "predicate": "uses", "object": 3},
+                          {"subject": True, "predicate": "uses", "object": 2}]}).encode()
+    p = parse(None, raw=raw)
+    assert isinstance(p, CheckedPaper)
+    assert (p.paper_id, p.revision) == ("1234", "2")
+    assert [m.mention_id for m in p.mentions] == ["1", "2"]
+    assert [(r.subject_mention_id, r.object_mention_id) for r in p.relationships] == [("1", "2")]
+    assert [r.reason for r in p.rejects] == [
+        "mentions[2].text: text is empty",
+        "mentions[3]: duplicate mention id '1' (first at mentions[0])",
+        "relationships[1].object: mention '3' was rejected (mentions[2])",
+        "relationships[2].subject: must be a string or an integer (got a boolean)",
+    ]
+
+
 def test_duplicate_relationship_is_rejected() -> None:
     rel = paper()["relationships"][0]
     p = parse(paper(relationships=[rel, rel]))
@@ -175,12 +203,15 @@ def test_caps_on_counts() -> None:
         (b"\xff\xfe{}", "not valid UTF-8"),
         (b"[1, 2]", "must be a JSON object, got array"),
         (b'{"mentions": [], "relationships": []}', "paper.paper_id: required field is missing"),
-        (b'{"paper_id": 7, "mentions": [], "relationships": []}', "paper.paper_id"),
+        (b'{"paper_id": 7.0, "mentions": [], "relationships": []}',
+         "paper.paper_id: must be a string or an integer (got the fraction 7.0)"),
+        (b'{"paper_id": true, "mentions": [], "relationships": []}',
+         "paper.paper_id: must be a string or an integer (got a boolean)"),
         (b'{"paper_id": "p", "mentions": {}, "relationships": []}',
          "paper.mentions: Input should be a valid list (got dict)"),
         (b'{"paper_id": "p", "mentions": []}', "paper.relationships: required field"),
-        (b'{"paper_id": "p", "revision": 2, "mentions": [], "relationships": []}',
-         "paper.revision"),
+        (b'{"paper_id": "p", "revision": [2], "mentions": [], "relationships": []}',
+         "paper.revision: must be a string or an integer (got an array)"),
     ],
 )
 def test_bad_lines_are_rejected_whole(raw: bytes, reason: str) -> None:
