@@ -191,11 +191,14 @@ def _strip_newlines(lines: Iterable[Line], not_utf8: dict[int, str]) -> Iterator
 
 
 def _record(number: int, obj: Mapping[str, object], aliases: object) -> AuthorityRecord | RecordError:
+    if type(obj.get("id")) is int:  # a JSON integer id (`"id": 42`) names one thing: "42"
+        obj = {**obj, "id": str(obj["id"])}
     for field in REQUIRED_COLUMNS:
         if field not in obj:
             return RecordError(number, f"missing field {field!r}")
         if not isinstance(obj[field], str):
-            return RecordError(number, f"field {field!r} must be a string")
+            also = " or an integer" if field == "id" else ""
+            return RecordError(number, f"field {field!r} must be a string{also}")
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         return RecordError(number, "field 'aliases' must be a list of strings")
     return AuthorityRecord(

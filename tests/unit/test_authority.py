@@ -65,3 +65,16 @@ def test_a_utf8_byte_order_mark_is_dropped_and_a_utf16_file_refused_whole() -> N
         data = ("\ufeff" if encoding.endswith("be") else "") + record
         with pytest.raises(InvalidArgument, match="UTF-16"):
             parsed(data.encode(encoding))
+
+
+def test_a_jsonl_id_may_be_an_integer_read_as_its_text() -> None:
+    data = (b'{"id": 42, "name": "Ada", "type": "person"}\n'
+            b'{"id": true, "name": "Bee", "type": "person"}\n'
+            b'{"id": 4.2, "name": "Cee", "type": "person"}\n'
+            b'{"id": "Q1", "name": 7, "type": "person"}\n')
+    assert parsed(data) == [
+        (1, "42"),
+        (2, "error: field 'id' must be a string or an integer"),
+        (3, "error: field 'id' must be a string or an integer"),
+        (4, "error: field 'name' must be a string"),
+    ]
