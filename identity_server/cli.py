@@ -102,8 +102,8 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args, "db_url", "host", "port", "admin_token", "strict_types",
                          "promote_after_papers", "tls_cert", "tls_key")
     running = start_server(settings)
-    print(f"listening on {settings.host}:{running.port}", flush=True)
-    serve_until_signalled(running, settings.grace_seconds)
+    serve_until_signalled(running, settings.grace_seconds, ready=lambda: print(
+        f"listening on {settings.host}:{running.port}", flush=True))
     return 0
 
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SERVICE_NAME = SERVICE.full_name
+SIGNAL_POLL_S = 0.2  # how often the main thread wakes to run a pending signal's handler
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a full batch of 5,000 mentions of 512 code points fits
 
 # Shared by the server and the benchmarks' echo baseline, so both run the same gRPC stack.
@@ -191,8 +192,11 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def serve_until_signalled(running: RunningServer, grace: float) -> None:
-    """Block until SIGTERM or Ctrl-C, then shut down gracefully."""
+def serve_until_signalled(running: RunningServer, grace: float,
+                          ready: Callable[[], object] = lambda: None) -> None:
+    """Call `ready` once SIGTERM and Ctrl-C are ours (so a supervisor that signals as soon as
+    it is told the port gets a graceful stop), block until one comes, then shut down
+    gracefully."""
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -201,5 +205,12 @@ def serve_until_signalled(running: RunningServer, grace: float) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    stop.wait()
-    running.stop(grace)
+    try:
+        ready()
+        # Waited in slices: a signal that lands on one of gRPC's threads only marks itself
+        # pending for the main thread, which runs the handler when it next wakes; an unbounded
+        # wait would never wake (seen: a server that ignored SIGTERM under load).
+        while not stop.wait(SIGNAL_POLL_S):
+            pass
+    finally:
+        running.stop(grace)

@@ -377,12 +377,14 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 <= args.port <= 65535:
         parser.error(f"port must be 0-65535, got {args.port}")
     stub = serve_stub(port=args.port)
-    sys.stdout.write(f"{stub.address}\n")
-    sys.stdout.flush()
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())
-    stopping.wait()
+    sys.stdout.write(f"{stub.address}\n")  # once the signals are ours
+    sys.stdout.flush()
+    # In slices: a signal landing on a gRPC thread runs its handler only when this thread wakes.
+    while not stopping.wait(0.2):
+        pass
     stub.stop()
 
 

@@ -476,6 +476,42 @@ def test_cli_serve_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path: Path) 
         log.close()
 
 
+def _signal_a_thread_other_than_main(pid: int, signum: int) -> None:
+    """Deliver signum to one of pid's threads that is not its main thread (tgkill), where a
+    process-wide signal may land under load; skip where libc lacks tgkill."""
+    import ctypes
+
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None:
+        pytest.skip("libc has no tgkill")
+    others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    assert others, "the server runs threads besides its main one"
+    assert tgkill(pid, others[-1], signum) == 0, os.strerror(ctypes.get_errno())
+
+
+@pytest.mark.parametrize("command", ["identity-server", "stub"])
+def test_a_stop_signal_landing_on_another_thread_still_stops_the_server(
+        tmp_path: Path, command: str) -> None:
+    """A signal is handled by the main thread, but may be delivered to any thread; one that
+    lands on a gRPC thread must still stop the server (it hung, waiting without end)."""
+    args = ([str(CLI), "serve", "--host", "127.0.0.1", "--port", "0",
+             "--db", f"sqlite:///{tmp_path / 'cli.sqlite'}"] if command == "identity-server"
+            else [sys.executable, "-m", "ingest.testing"])
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=_env())
+    try:
+        line = _read_line(proc.stdout, 20.0)
+        assert re.search(r"127\.0\.0\.1:(\d+)\s*$", line), line
+        _signal_a_thread_other_than_main(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
 def test_cli_import_reports_refused_lines(tmp_path: Path) -> None:
     db_url = f"sqlite:///{tmp_path / 'imported.sqlite'}"
     jsonl = tmp_path / "authority.jsonl"
