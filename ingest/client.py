@@ -195,6 +195,7 @@ class IdentityClient:
         # the budget is the outage's, so the calls in flight give up together instead of each
         # starting its own budget when it first fails.
         self._outage_since: float | None = None
+        self._aborted = threading.Event()
 
     @property
     def retries(self) -> int:
@@ -203,6 +204,16 @@ class IdentityClient:
 
     def close(self) -> None:
         self._channel.close()
+
+    def abort(self) -> None:
+        """The job is being interrupted: cancel the calls in flight and fail every later one, so
+        that no call goes on retrying a slow or absent server until its budget runs out."""
+        self._aborted.set()
+        self._channel.close()
+
+    def _check_not_aborted(self, method: str) -> None:
+        if self._aborted.is_set():
+            raise IdentityError(method, "CANCELLED", "the job was interrupted")
 
     def __enter__(self) -> Self:
         return self
@@ -222,6 +233,7 @@ class IdentityClient:
         attempt = 0
         while True:
             attempt += 1
+            self._check_not_aborted(method)
             started = time.monotonic()
             try:
                 result = fn(policy.deadline_seconds)
@@ -320,6 +332,7 @@ class IdentityClient:
         attempt = 0
         while True:
             attempt += 1
+            self._check_not_aborted("ListChanges")
             left = limit - (last - after_sequence) if limit else 0
             if limit and left <= 0:
                 return

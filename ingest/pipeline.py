@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ingest.client import (
     BatchOutcome,
@@ -39,6 +39,9 @@ from ingest.validate import (
 )
 from ingest.vocabulary import Vocabulary, default_vocabulary
 
+T = TypeVar("T")
+_WAKE_S = 0.2  # how often the main thread, waiting on a paper, wakes to see a Ctrl-C
+
 logger = logging.getLogger(__name__)
 
 
@@ -48,6 +51,9 @@ class Resolver(Protocol):
     def resolve_batch(
         self, context_id: str, mentions: Sequence[tuple[str, str]], *, lookup_only: bool = False
     ) -> BatchOutcome: ...
+
+    def abort(self) -> None:
+        """The job stops (Ctrl-C, a failed write): cancel the calls in flight."""
 
 
 # Codes that say something is wrong with the whole job (not with one paper): stop, exit non-zero.
@@ -252,7 +258,7 @@ def run_job(
         if isinstance(head, LineReject):
             item: ResolvedPaper | LineReject = head
         else:
-            item = head.result()
+            item = _wait_for(head)
             group_sent.append(sent_ids.pop(head))
         group.append(item)
         if isinstance(item, ResolvedPaper):
@@ -297,6 +303,9 @@ def run_job(
             for pending in window:
                 if isinstance(pending, Future):
                     pending.cancel()
+            # Calls already running would hold the pool's exit until the server answers, or,
+            # retrying a slow or absent server, for the whole retry budget.
+            resolver.abort()
             raise
     summary.elapsed_seconds = time.monotonic() - started
     logger.info("job done: %s", summary)
@@ -381,3 +390,14 @@ def sync_redirects(client: IdentityClient, sink: GraphSink) -> SyncResult:
     logger.info("sync: %d changes after %d, %d merges, %d open links", count, after, new,
                 len(links))
     return SyncResult(count, new, len(links), last)
+
+
+def _wait_for(future: Future[T]) -> T:
+    """future.result(), waited in slices: Ctrl-C delivered to one of gRPC's threads only marks
+    itself pending for the main thread, which raises KeyboardInterrupt when it next wakes."""
+    while True:
+        try:
+            return future.result(timeout=_WAKE_S)
+        except TimeoutError:
+            if future.done():  # the call itself timed out: its own error
+                raise

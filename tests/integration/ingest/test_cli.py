@@ -137,6 +137,66 @@ def test_job_killed_with_sigkill_and_rerun_equals_one_clean_run(
         assert got[table] == expected[table], f"table {table} differs (seed {seed})"
 
 
+def _signal_a_thread_other_than_main(pid: int, signum: int) -> None:
+    """Deliver signum to one of pid's threads that is not its main thread (tgkill), as a
+    process-wide signal may be; skip where libc lacks tgkill."""
+    import ctypes
+
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None:
+        pytest.skip("libc has no tgkill")
+    others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    assert others, "the job runs threads besides its main one"
+    assert tgkill(pid, others[-1], signum) == 0, os.strerror(ctypes.get_errno())
+
+
+@pytest.mark.parametrize("delivered_to", ["the process", "a thread other than main"])
+def test_ctrl_c_while_the_server_is_slow_stops_the_job_at_once_and_a_rerun_completes_it(
+        tmp_path: Path, jsonl: Callable[..., Path], snapshot: Callable[..., Any],
+        delivered_to: str) -> None:
+    """Calls in flight are cancelled, not waited for: before, a job whose calls outlasted their
+    deadline went on retrying for the whole retry budget (two minutes) after Ctrl-C."""
+    import signal
+
+    papers = list(synthetic_papers(30, mentions_per_paper=5, relationships_per_paper=3, seed=5))
+    corpus = jsonl(tmp_path / "corpus.jsonl", papers)
+    db = tmp_path / "graph.duckdb"
+    env = {**os.environ, "INGEST_DEADLINE_SECONDS": "0.5"}
+    command = [sys.executable, "-m", "ingest.cli", "run", str(corpus), "--db", str(db),
+               "--no-progress"]
+    with serve_stub() as stub:
+        stub.servicer.delay_seconds = 2.0  # every call outlasts its deadline and is retried
+        with (tmp_path / "job.log").open("wb") as log:
+            proc = subprocess.Popen(
+                [*command, "--server", stub.address], env=env, stdout=subprocess.DEVNULL,
+                stderr=log,
+                # Python ignores SIGINT when started with it ignored (a shell's background job)
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+        try:
+            for _ in range(400):
+                if stub.servicer.calls.get("ResolveBatch", 0) >= 2:  # a retry has begun
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("the job never called the server")
+            if delivered_to == "the process":
+                os.kill(proc.pid, signal.SIGINT)
+            else:
+                _signal_a_thread_other_than_main(proc.pid, signal.SIGINT)
+            assert proc.wait(timeout=10) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        assert "interrupted; rerun the same command to continue" in (
+            tmp_path / "job.log").read_text()
+        stub.servicer.delay_seconds = 0.0
+        rerun = subprocess.run([*command, "--server", stub.address], env=env, check=False,
+                               capture_output=True, text=True, timeout=120)
+        assert rerun.returncode == 0, rerun.stderr
+    assert len(snapshot(db)["papers"]) == 30
+
+
 def test_rerun_from_another_directory_does_not_duplicate_rejects(
         tmp_path: Path, stub: StubServer, monkeypatch: pytest.MonkeyPatch,
         jsonl: Callable[..., Path]) -> None:
