@@ -24,6 +24,19 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
+def signal_a_thread_other_than_main(pid: int, signum: int) -> None:
+    """Deliver signum to one of process pid's threads that is not its main thread (tgkill),
+    where a process-wide signal may land under load; skip where libc lacks tgkill."""
+    import ctypes
+
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None:
+        pytest.skip("libc has no tgkill")
+    others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    assert others, "the process runs threads besides its main one"
+    assert tgkill(pid, others[-1], signum) == 0, os.strerror(ctypes.get_errno())
+
+
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     return sqlite_url(tmp_path / "identity.sqlite")

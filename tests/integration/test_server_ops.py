@@ -36,7 +36,7 @@ from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
 from identity_server.server import RunningServer, start_server
 from identity_server.settings import Settings
-from tests.conftest import ADMIN, ADMIN_TOKEN
+from tests.conftest import ADMIN, ADMIN_TOKEN, signal_a_thread_other_than_main
 
 T = 10.0  # deadline of every call, in seconds
 SERVICE = "identity.v1.IdentityService"
@@ -445,13 +445,20 @@ def test_stop_ends_open_streams_and_returns(db_url: str) -> None:
         assert gone.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_cli_serve_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("command", "delivered_to"), [
+    ("identity-server", "the process"),
+    ("identity-server", "a thread other than main"),
+    ("stub", "a thread other than main"),
+])
+def test_cli_serve_prints_its_port_and_stops_cleanly_on_sigterm(
+        tmp_path: Path, command: str, delivered_to: str) -> None:
+    """Also when the signal lands on a thread other than main, as a process-wide signal may:
+    the handler runs on the main thread, which then waited without end (seen under load)."""
+    args = ([str(CLI), "serve", "--host", "127.0.0.1", "--port", "0",
+             "--db", f"sqlite:///{tmp_path / 'cli.sqlite'}"] if command == "identity-server"
+            else [sys.executable, "-m", "ingest.testing"])
     log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen(
-        [str(CLI), "serve", "--host", "127.0.0.1", "--port", "0",
-         "--db", f"sqlite:///{tmp_path / 'cli.sqlite'}"],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=_env(),
-    )
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True, env=_env())
     try:
         line = _read_line(proc.stdout, 20.0)
         match = re.search(r"127\.0\.0\.1:(\d+)\s*$", line)
@@ -464,7 +471,10 @@ def test_cli_serve_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path: Path) 
         assert reply.created and reply.match_kind == pb.NEW
 
         started = time.monotonic()
-        os.kill(proc.pid, signal.SIGTERM)
+        if delivered_to == "the process":
+            os.kill(proc.pid, signal.SIGTERM)
+        else:
+            signal_a_thread_other_than_main(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
         assert time.monotonic() - started < 8
     finally:
@@ -474,42 +484,6 @@ def test_cli_serve_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path: Path) 
         assert proc.stdout is not None
         proc.stdout.close()
         log.close()
-
-
-def _signal_a_thread_other_than_main(pid: int, signum: int) -> None:
-    """Deliver signum to one of pid's threads that is not its main thread (tgkill), where a
-    process-wide signal may land under load; skip where libc lacks tgkill."""
-    import ctypes
-
-    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
-    if tgkill is None:
-        pytest.skip("libc has no tgkill")
-    others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
-    assert others, "the server runs threads besides its main one"
-    assert tgkill(pid, others[-1], signum) == 0, os.strerror(ctypes.get_errno())
-
-
-@pytest.mark.parametrize("command", ["identity-server", "stub"])
-def test_a_stop_signal_landing_on_another_thread_still_stops_the_server(
-        tmp_path: Path, command: str) -> None:
-    """A signal is handled by the main thread, but may be delivered to any thread; one that
-    lands on a gRPC thread must still stop the server (it hung, waiting without end)."""
-    args = ([str(CLI), "serve", "--host", "127.0.0.1", "--port", "0",
-             "--db", f"sqlite:///{tmp_path / 'cli.sqlite'}"] if command == "identity-server"
-            else [sys.executable, "-m", "ingest.testing"])
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=_env())
-    try:
-        line = _read_line(proc.stdout, 20.0)
-        assert re.search(r"127\.0\.0\.1:(\d+)\s*$", line), line
-        _signal_a_thread_other_than_main(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        assert proc.stdout is not None
-        proc.stdout.close()
 
 
 def test_cli_import_reports_refused_lines(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from ingest.cli import main
 from ingest.testing import StubServer, serve_stub, synthetic_papers
+from tests.conftest import signal_a_thread_other_than_main
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"
@@ -137,19 +138,6 @@ def test_job_killed_with_sigkill_and_rerun_equals_one_clean_run(
         assert got[table] == expected[table], f"table {table} differs (seed {seed})"
 
 
-def _signal_a_thread_other_than_main(pid: int, signum: int) -> None:
-    """Deliver signum to one of pid's threads that is not its main thread (tgkill), as a
-    process-wide signal may be; skip where libc lacks tgkill."""
-    import ctypes
-
-    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
-    if tgkill is None:
-        pytest.skip("libc has no tgkill")
-    others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
-    assert others, "the job runs threads besides its main one"
-    assert tgkill(pid, others[-1], signum) == 0, os.strerror(ctypes.get_errno())
-
-
 @pytest.mark.parametrize("delivered_to", ["the process", "a thread other than main"])
 def test_ctrl_c_while_the_server_is_slow_stops_the_job_at_once_and_a_rerun_completes_it(
         tmp_path: Path, jsonl: Callable[..., Path], snapshot: Callable[..., Any],
@@ -182,7 +170,7 @@ def test_ctrl_c_while_the_server_is_slow_stops_the_job_at_once_and_a_rerun_compl
             if delivered_to == "the process":
                 os.kill(proc.pid, signal.SIGINT)
             else:
-                _signal_a_thread_other_than_main(proc.pid, signal.SIGINT)
+                signal_a_thread_other_than_main(proc.pid, signal.SIGINT)
             assert proc.wait(timeout=10) == 130
         finally:
             if proc.poll() is None:
