@@ -32,7 +32,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import RootTransaction
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.errors import StoreUnavailable
@@ -117,7 +117,8 @@ class SqlStore:
         # waits for readers.
         self._writer_busy_ms: int | None = None
         self._writer_inside_ms = 0
-        database = _sqlite_file(url)  # None: PostgreSQL, or SQLite in memory
+        _check_url(url)
+        database = _sqlite_file(url)  # None: PostgreSQL
         try:
             if self.is_sqlite:
                 self.engine: Engine = create_engine(
@@ -317,8 +318,39 @@ def _locked(e: Exception) -> bool:
     return "locked" in str(e) or "busy" in str(e)
 
 
+def _check_url(url: str) -> None:
+    """Refuse, with what to write instead, a store URL that would fail deep inside SQLAlchemy
+    (an unknown scheme, a driver that is not installed) or not fail at all: SQLite in memory
+    is a database per connection, lost at exit."""
+    forms = ("the identity store is SQLite (sqlite:///PATH) or PostgreSQL "
+             "(postgresql://USER@HOST:PORT/DATABASE, through psycopg)")
+    if "://" not in url:
+        raise StoreUnavailable(f"the store URL {_safe(url)!r} has no scheme: {forms}")
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return  # create_engine names the problem
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend == "sqlite" and driver in ("", "pysqlite"):
+        if parsed.host:
+            raise StoreUnavailable(
+                f"the store URL {url!r} names a host, not a file: a SQLite URL has three "
+                f"slashes before a relative path (sqlite:///{parsed.host}), four before an "
+                "absolute one")
+        if parsed.database in (None, "", ":memory:"):
+            raise StoreUnavailable(
+                f"the store URL {url!r} names no file (SQLite in memory would be a database per "
+                "connection, lost at exit): write sqlite:///identity.sqlite, say")
+    elif backend in ("postgresql", "postgres") and driver in ("", "psycopg"):
+        if backend == "postgres":
+            raise StoreUnavailable(f"unsupported store URL {_safe(url)}: write postgresql://, "
+                                   f"not postgres:// ({forms})")
+    else:
+        raise StoreUnavailable(f"unsupported store URL {_safe(url)}: {forms}")
+
+
 def _sqlite_file(url: str) -> str | None:
-    """The SQLite database file of a store URL, or None (PostgreSQL, or SQLite in memory)."""
+    """The SQLite database file of a store URL, or None (PostgreSQL)."""
     if not url.startswith("sqlite"):
         return None
     database = make_url(url).database

@@ -732,3 +732,25 @@ def test_cli_serve_says_what_is_wrong_with_its_settings_and_exits_non_zero(
         port = taken.getsockname()[1]
         assert cli_main(["serve", "--host", "127.0.0.1", "--port", str(port), *db]) == 1
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("identity.sqlite", "has no scheme"),
+    ("sqlite://identity.sqlite", "names a host, not a file: a SQLite URL has three slashes"),
+    ("sqlite://", "names no file (SQLite in memory would be a database per connection"),
+    ("sqlite:///:memory:", "names no file"),
+    ("postgres://ada:secret@127.0.0.1/test", "write postgresql://, not postgres://"),
+    ("postgresql+psycopg2://ada:secret@127.0.0.1/test", "unsupported store URL"),
+    ("mysql://ada@127.0.0.1/test", "unsupported store URL mysql://"),
+])
+def test_a_store_url_that_cannot_work_is_refused_saying_what_to_write(
+        url: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, some failed deep in SQLAlchemy with a traceback (a driver not installed) and
+    SQLite in memory started a server whose connections each saw a database of their own."""
+    from identity_server.cli import main as cli_main
+
+    assert cli_main(["serve", "--port", "0", "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and says in err, err
+    assert "secret" not in err
+    assert "sqlite:///" in err or "postgresql://" in err  # what to write instead
