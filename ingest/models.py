@@ -129,12 +129,15 @@ def _id_text(value: Any) -> Any:
     value = integer_as_text(value)
     if value is None or isinstance(value, str):
         return value
-    got = ("a boolean" if isinstance(value, bool) else f"the fraction {value!r}"
-           if isinstance(value, float) else _JSON_TYPES.get(type(value), type(value).__name__))
+    if isinstance(value, bool):
+        got = "a boolean"
+    elif isinstance(value, float):
+        got = f"the fraction {value!r}"
+    elif isinstance(value, dict):
+        got = "an object"
+    else:
+        got = "an array" if isinstance(value, list) else type(value).__name__
     raise ValueError(f"must be a string or an integer (got {got})")
-
-
-_JSON_TYPES: dict[type, str] = {dict: "an object", list: "an array"}
 
 
 IdText = Annotated[str, BeforeValidator(_id_text)]
