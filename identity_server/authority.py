@@ -2,8 +2,8 @@
 
 Parsing is separate from importing so that the CLI (a file on disk) and the ImportAuthority RPC
 (a stream of byte chunks) share it. Each record carries its line number, so a refusal can say
-where the bad record is. Lines are decoded one at a time: a line that is not UTF-8 refuses the
-record that holds it, not the rest of the file.
+where the bad record is. Lines are decoded one at a time: a line that is not UTF-8, or longer
+than the cap, refuses the record that holds it, not the rest of the file.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 REQUIRED_COLUMNS = ("id", "name", "type")
 _UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+MAX_LINE_BYTES = 16 * 1024 * 1024  # a record's line, as ingest caps a paper's
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,22 +41,63 @@ class RecordError:
 
 
 @dataclass(frozen=True, slots=True)
-class NotUtf8:
-    """A line whose bytes are not UTF-8. `text` holds U+FFFD for the bad bytes, so that a CSV
-    reader keeps its place; the record the line belongs to is refused with `message`."""
+class Unreadable:
+    """A line refused before it is parsed: not UTF-8, or longer than the cap. `text` is what a
+    CSV reader reads in its place (U+FFFD for bad bytes, nothing for a line too long), so that
+    it keeps its place; the record the line belongs to is refused with `message`."""
 
     text: str
     message: str
 
 
-Line = str | NotUtf8
+@dataclass(frozen=True, slots=True)
+class TooLong:
+    """A line longer than the cap, not kept: only its size and the cap."""
+
+    size: int
+    cap: int
 
 
-def decode_lines(raw_lines: Iterable[bytes]) -> Iterator[Line]:
-    """Each line as text (a UTF-8 byte-order mark before the first dropped), or NotUtf8.
+Line = str | Unreadable
+
+
+def split_lines(chunks: Iterable[bytes],
+                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[bytes | TooLong]:
+    """The lines (without their newline) of bytes given in chunks of any size, which may split
+    lines and characters. A line longer than `max_line_bytes` is never held whole (a file
+    without newlines must not fill the memory): TooLong stands for it."""
+    pieces: list[bytes] = []  # the line so far
+    held = 0  # its length; over the cap: the bytes of a line being skipped
+    for data in chunks:
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            held += end - start
+            if held > max_line_bytes:
+                yield TooLong(held, max_line_bytes)
+            else:
+                pieces.append(data[start:end])
+                yield b"".join(pieces)
+            pieces, held, start = [], 0, end + 1
+        held += len(data) - start
+        if held > max_line_bytes:
+            pieces = []
+        else:
+            pieces.append(data[start:])
+    if held > max_line_bytes:
+        yield TooLong(held, max_line_bytes)
+    elif held:
+        yield b"".join(pieces)
+
+
+def decode_lines(raw_lines: Iterable[bytes | TooLong]) -> Iterator[Line]:
+    """Each line as text (a UTF-8 byte-order mark before the first dropped), or Unreadable.
 
     A UTF-16 file is refused whole (every line of it would be refused, for one reason)."""
     for number, raw in enumerate(raw_lines, start=1):
+        if isinstance(raw, TooLong):
+            yield Unreadable("", f"line is {raw.size} bytes long, more than the cap of "
+                                 f"{raw.cap} bytes")
+            continue
         if number == 1:
             if raw.startswith(_UTF16_BOMS):
                 raise InvalidArgument(
@@ -65,12 +107,12 @@ def decode_lines(raw_lines: Iterable[bytes]) -> Iterator[Line]:
         try:
             yield raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            yield NotUtf8(raw.decode("utf-8", "replace"),
-                          f"not valid UTF-8 ({e.reason} at byte {e.start + 1} of the line)")
+            yield Unreadable(raw.decode("utf-8", "replace"),
+                             f"not valid UTF-8 ({e.reason} at byte {e.start + 1} of the line)")
 
 
 def _text(line: Line) -> str:
-    return line.text if isinstance(line, NotUtf8) else line
+    return line.text if isinstance(line, Unreadable) else line
 
 
 def detect_format(first_line: str) -> str:
@@ -107,7 +149,7 @@ def _chain(head: list[Line], rest: Iterator[Line]) -> Iterator[Line]:
 
 def _parse_jsonl(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]:
     for number, line in enumerate(lines, start=1):
-        if isinstance(line, NotUtf8):
+        if isinstance(line, Unreadable):
             yield RecordError(number, line.message)
             continue
         if not line.strip():
@@ -127,8 +169,8 @@ def _parse_jsonl(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordErro
 
 
 def _parse_csv(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]:
-    not_utf8: dict[int, str] = {}  # line number -> why, for the lines read so far
-    reader = csv.reader(_strip_newlines(lines, not_utf8))
+    unreadable: dict[int, str] = {}  # line number -> why, for the lines read so far
+    reader = csv.reader(_strip_newlines(lines, unreadable))
     rows = _csv_rows(reader)
     header = next(rows, None)
     if header is None:
@@ -136,8 +178,8 @@ def _parse_csv(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]
     if isinstance(header, RecordError):
         yield RecordError(header.line, f"the CSV header is {header.message}")
         return
-    if not_utf8:
-        number, message = next(iter(not_utf8.items()))
+    if unreadable:
+        number, message = next(iter(unreadable.items()))
         yield RecordError(number, f"the CSV header is {message}")
         return
     columns = [h.strip().lower() for h in header]
@@ -148,10 +190,10 @@ def _parse_csv(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]
         return
     for row in rows:
         number = reader.line_num
-        if not_utf8:  # the row ends here and may span lines (quoted newlines): any bad one
-            first = min(not_utf8)
-            message = not_utf8[first]
-            not_utf8.clear()
+        if unreadable:  # the row ends here and may span lines (quoted newlines): any bad one
+            first = min(unreadable)
+            message = unreadable[first]
+            unreadable.clear()
             yield RecordError(first, message)
             continue
         if isinstance(row, RecordError):
@@ -180,12 +222,12 @@ def _csv_rows(reader: CsvReader) -> Iterator[list[str] | RecordError]:
             yield RecordError(reader.line_num, f"not valid CSV: {e}")
 
 
-def _strip_newlines(lines: Iterable[Line], not_utf8: dict[int, str]) -> Iterator[str]:
+def _strip_newlines(lines: Iterable[Line], unreadable: dict[int, str]) -> Iterator[str]:
     """Lines ending in a newline, as the CSV reader wants them; the numbers of those that were
-    not UTF-8 go into `not_utf8`."""
+    unreadable (not UTF-8, too long) go into `unreadable`."""
     for number, line in enumerate(lines, start=1):
-        if isinstance(line, NotUtf8):
-            not_utf8[number] = line.message
+        if isinstance(line, Unreadable):
+            unreadable[number] = line.message
         text = _text(line)
         yield text if text.endswith("\n") else text + "\n"
 

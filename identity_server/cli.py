@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from tqdm import tqdm
 
-from identity_server.authority import Line, decode_lines
+from identity_server.authority import Line, TooLong, decode_lines, split_lines
 from identity_server.errors import IdentityError, InvalidArgument, StartupError
 from identity_server.settings import Settings, describe_settings_error
 
@@ -134,6 +134,7 @@ def _import(args: argparse.Namespace) -> int:
     return 1 if report.errors else 0
 
 
+_READ_CHUNK = 1 << 16
 _COMPRESSED: dict[bytes, tuple[str, Callable[[Path, str], object]]] = {
     b"\x1f\x8b": ("gzip", gzip.open), b"BZh": ("bzip2", bz2.open),
     b"\xfd7zXZ\x00": ("xz", lzma.open)}
@@ -151,14 +152,15 @@ def _authority_file(path: Path) -> tuple[BinaryIO, str]:
 
 
 def _readable(f: BinaryIO, path: Path, kind: str) -> Iterator[Line]:
-    """f's lines, decoded one at a time (a line that is not UTF-8 refuses its record only);
-    data that cannot be read on (compressed data cut short) ends the import with an error
-    naming the line it broke off after (the records before it are kept, as the RPC does)."""
+    """f's lines, decoded one at a time (a line that is not UTF-8, or too long, refuses its
+    record only); data that cannot be read on (compressed data cut short) ends the import with
+    an error naming the line it broke off after (the records before it are kept, as the RPC
+    does)."""
     number = 0  # lines read whole
 
-    def counted() -> Iterator[bytes]:
+    def counted() -> Iterator[bytes | TooLong]:
         nonlocal number
-        for raw in f:
+        for raw in split_lines(iter(lambda: f.read(_READ_CHUNK), b"")):
             number += 1
             yield raw
 

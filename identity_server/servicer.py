@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 from identity_api.v1 import identity_service_pb2 as pb
 
-from identity_server.authority import Line, decode_lines
+from identity_server.authority import Line, decode_lines, split_lines
 from identity_server.domain import MatchKind, Status
 from identity_server.errors import (
     EntityNotFound,
@@ -309,18 +309,9 @@ class IdentityServicer:
 def _lines(first: pb.ImportAuthorityRequest,
            rest: Iterator[pb.ImportAuthorityRequest]) -> Iterator[Line]:
     """Lines from a stream of byte chunks (chunks may split lines and UTF-8 sequences), each
-    decoded on its own: a line that is not UTF-8 refuses its record only."""
-
-    def raw_lines() -> Iterator[bytes]:
-        buffer = b""
-        for data in itertools.chain((first.data,), (req.data for req in rest)):
-            buffer += data
-            *complete, buffer = buffer.split(b"\n")
-            yield from complete
-        if buffer:
-            yield buffer
-
-    return decode_lines(raw_lines())
+    decoded on its own: a line that is not UTF-8, or too long, refuses its record only."""
+    chunks = itertools.chain((first.data,), (req.data for req in rest))
+    return decode_lines(split_lines(chunks))
 
 
 def _json(detail: dict[str, Any]) -> str:

@@ -710,6 +710,20 @@ def test_import_refuses_the_records_on_lines_that_are_not_utf8_and_keeps_the_res
     assert fails(lambda: get(stub, "C-1")).code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_import_refuses_a_line_over_the_cap_without_holding_it(stub: Stub) -> None:
+    """A stream without newlines must not fill the server's memory: a line over 16 MiB refuses
+    its record, and the records around it are imported."""
+    from identity_server.authority import MAX_LINE_BYTES
+
+    long_name = "x" * (MAX_LINE_BYTES + 1)
+    data = jsonl([rec("Q-1", "Ada", "person"), rec("Q-2", long_name, "other"),
+                  rec("Q-3", "Cy", "person")])
+    report = import_data(stub, data, size=1 << 20)
+    assert (report.imported, [e.line for e in report.errors]) == (2, [2])
+    assert "more than the cap of 16777216 bytes" in report.errors[0].message
+    assert get(stub, "Q-3").name == "Cy"
+
+
 def test_import_refuses_a_utf16_file_whole(stub: Stub) -> None:
     data = ("\ufeff" + json.dumps(rec("Q-1", "Ada", "person")) + "\n").encode("utf-16-le")
     err = fails(lambda: import_data(stub, data, size=5))

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-import pytest
+import itertools
 
-from identity_server.authority import AuthorityRecord, RecordError, decode_lines, parse_authority
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from identity_server.authority import (
+    MAX_LINE_BYTES,
+    AuthorityRecord,
+    RecordError,
+    TooLong,
+    decode_lines,
+    parse_authority,
+    split_lines,
+)
 from identity_server.errors import InvalidArgument
 
 
@@ -78,3 +90,32 @@ def test_a_jsonl_id_may_be_an_integer_read_as_its_text() -> None:
         (3, "error: field 'id' must be a string or an integer"),
         (4, "error: field 'name' must be a string"),
     ]
+
+
+def _reference_lines(data: bytes, cap: int) -> list[bytes | TooLong]:
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return [line if len(line) <= cap else TooLong(len(line), cap) for line in lines]
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.binary(max_size=200).map(lambda b: b.replace(b"\x00", b"\n")),
+       cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=8),
+       cap=st.integers(min_value=0, max_value=40))
+def test_split_lines_gives_the_lines_whatever_the_chunks_and_stands_in_for_long_ones(
+        data: bytes, cuts: list[int], cap: int) -> None:
+    bounds = [0, *sorted(c for c in cuts if c <= len(data)), len(data)]
+    chunks = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    assert list(split_lines(chunks, cap)) == _reference_lines(data, cap)
+
+
+def test_a_line_over_the_cap_refuses_its_record_and_is_never_held_whole() -> None:
+    huge = b'{"id": "B", "name": "' + b"x" * (MAX_LINE_BYTES + 10) + b'", "type": "other"}'
+    chunks = [b'{"id": "A", "name": "Ada", "type": "person"}\n', *(
+        huge[i:i + (1 << 20)] for i in range(0, len(huge), 1 << 20)),
+        b'\n{"id": "C", "name": "Cy", "type": "person"}']
+    records = list(parse_authority(decode_lines(split_lines(chunks))))
+    assert [getattr(r, "entity_id", None) for r in records] == ["A", None, "C"]
+    assert records[1] == RecordError(
+        2, f"line is {len(huge)} bytes long, more than the cap of {MAX_LINE_BYTES} bytes")
