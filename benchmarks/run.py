@@ -1,7 +1,8 @@
 """Runs the benchmark suite: `python -m benchmarks.run [--quick] [--with-10m] [--out DIR]`.
 
 Prints one table, writes `<out>/results.json`, draws `benchmarks/typo_lookup.png` and rewrites
-`benchmarks/RESULTS.md`. Every goal is a ratio against a baseline measured in the same run on the
+`benchmarks/RESULTS.md` (a `--quick` smoke run draws and writes both in `<out>` instead, so the
+published figures stay those of a full run). Every goal is a ratio against a baseline measured in the same run on the
 same machine; nothing here asserts a wall-clock time.
 """
 
@@ -204,7 +205,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def draw(results: dict[str, Any]) -> None:
+def draw(results: dict[str, Any], path: Path = PLOT) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -231,7 +232,7 @@ def draw(results: dict[str, Any]) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -310,11 +311,14 @@ def main() -> None:
         results["command"] = command
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    draw(results)
-    RESULTS_MD.write_text(results_md(results, command))
+    # A smoke run's figures (small sizes) must not replace the published ones of a full run.
+    plot, md = (args.out / PLOT.name, args.out / RESULTS_MD.name) if results.get("quick") else (
+        PLOT, RESULTS_MD)
+    draw(results, plot)
+    md.write_text(results_md(results, command))
     sys.stdout.write(text_table(results["rows"]) + "\n")
     sys.stdout.write(f"\n{len(results['rows'])} rows in {results['elapsed_s'] / 60:.1f} min; "
-                     f"{args.out / 'results.json'}, {PLOT}, {RESULTS_MD}\n")
+                     f"{args.out / 'results.json'}, {plot}, {md}\n")
 
 
 if __name__ == "__main__":
