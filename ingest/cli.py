@@ -58,9 +58,9 @@ def identity_server_address(settings: Settings) -> Iterator[str]:
         logger.debug("embedded server failed to start", exc_info=True)
         why = describe_settings_error(e) if isinstance(e, ValueError) else str(e)
         raise JobError(f"cannot start the embedded identity server "
-                       f"({settings.embedded_db_url}): {why}") from e
+                       f"({_without_password(settings.embedded_db_url)}): {why}") from e
     logger.info("embedded identity server on 127.0.0.1:%d (%s)", running.port,
-                settings.embedded_db_url)
+                _without_password(settings.embedded_db_url))
     try:
         yield f"127.0.0.1:{running.port}"
     finally:
@@ -94,6 +94,17 @@ def _client(settings: Settings, address: str) -> IdentityClient:
         admin_token=settings.admin_token,
         credentials=_tls_credentials(settings),
     )
+
+
+def _without_password(url: str) -> str:
+    """A store URL fit for a message: its password, if any, masked."""
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
 
 
 def _tls_credentials(settings: Settings) -> grpc.ChannelCredentials | None:

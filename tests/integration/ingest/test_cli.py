@@ -349,6 +349,22 @@ def test_a_url_for_the_server_is_refused_at_once(
     assert "takes host:port (e.g. 127.0.0.1:50051), not a http:// URL" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("identity_db", "says"), [
+    # a database this machine's PostgreSQL does not have: the connection is refused at once
+    ("postgresql://postgres:s3cret@127.0.0.1:5432/no_such_database_here",
+     "(postgresql://postgres:***@127.0.0.1:5432/no_such_database_here)"),
+    ("sqlite://identity.sqlite", "names a host, not a file"),
+])
+def test_an_embedded_store_that_cannot_open_is_named_without_its_password(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], identity_db: str, says: str) -> None:
+    code = main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(tmp_path / "g.duckdb"),
+                 "--identity-db", identity_db])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "cannot start the embedded identity server" in err and says in err, err
+    assert "s3cret" not in err
+
+
 def test_an_identity_store_given_as_the_graph_is_named_as_such(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import sqlite3
