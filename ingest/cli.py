@@ -271,6 +271,17 @@ def cmd_stats(settings: Settings, top: int) -> int:
     return 0
 
 
+def _count(text: str) -> int:
+    """A whole number >= 0, for argparse (which then names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ingest",
@@ -301,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = sub.add_parser("stats", help="what the graph holds")
     stats.add_argument("--db", type=Path, help="DuckDB graph file (env INGEST_DB)")
-    stats.add_argument("--top", type=int, default=10)
+    stats.add_argument("--top", type=_count, default=10,
+                       help="how many entities to list (default 10)")
     return parser
 
 

@@ -399,3 +399,13 @@ def test_a_graph_never_synced_still_refuses_another_identity_store(
         assert con.execute("SELECT count(*) FROM mentions").fetchone() == mentions
     assert main(["run", str(EXAMPLES / "updates"), "--db", str(graph), "--identity-db", own,
                  "--no-progress"]) == 0
+
+
+def test_stats_top_must_be_a_whole_number_of_zero_or_more(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It reached DuckDB as a negative LIMIT and failed there with a Binder Error."""
+    for top, says in (("-1", "must be 0 or more, got -1"), ("ten", "not a whole number: 'ten'")):
+        with pytest.raises(SystemExit) as exited:
+            main(["stats", "--db", str(tmp_path / "g.duckdb"), "--top", top])
+        assert exited.value.code == 2
+        assert f"argument --top: {says}" in capsys.readouterr().err
