@@ -2,8 +2,8 @@
 
 Prints one table, writes `<out>/results.json`, draws `benchmarks/typo_lookup.png` and rewrites
 `benchmarks/RESULTS.md` (a `--quick` smoke run draws and writes both in `<out>` instead, so the
-published figures stay those of a full run). Every goal is a ratio against a baseline measured in the same run on the
-same machine; nothing here asserts a wall-clock time.
+published figures stay those of a full run). Every goal is a ratio against a baseline measured
+in the same run on the same machine; nothing here asserts a wall-clock time.
 """
 
 from __future__ import annotations

@@ -176,11 +176,11 @@ def _parse_csv(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]
     if header is None:
         return
     if isinstance(header, RecordError):
-        yield RecordError(header.line, f"the CSV header is {header.message}")
+        yield RecordError(header.line, f"the CSV header cannot be read: {header.message}")
         return
     if unreadable:
         number, message = next(iter(unreadable.items()))
-        yield RecordError(number, f"the CSV header is {message}")
+        yield RecordError(number, f"the CSV header cannot be read: {message}")
         return
     columns = [h.strip().lower() for h in header]
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]

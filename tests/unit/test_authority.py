@@ -59,8 +59,8 @@ def test_a_csv_record_holding_a_line_that_is_not_utf8_is_refused_with_that_line(
 
 def test_a_csv_header_that_cannot_be_read_refuses_the_file_with_its_line() -> None:
     assert parsed(b"id,n\xe4me,type\nA,x,other\n", "csv") == [
-        (1, ("error: the CSV header is not valid UTF-8 (invalid continuation byte at byte 5 "
-             "of the line)"))]
+        (1, ("error: the CSV header cannot be read: not valid UTF-8 (invalid continuation "
+             "byte at byte 5 of the line)"))]
 
 
 def test_a_csv_field_over_the_readers_limit_refuses_its_row_and_reading_goes_on() -> None:
