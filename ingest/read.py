@@ -14,6 +14,7 @@ import gzip
 import io
 import logging
 import lzma
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +99,7 @@ def read_lines(path: Path, *, max_line_bytes: int) -> Iterator[RawLine]:
     """Yields the non-blank lines of one file; a line over ``max_line_bytes`` has ``data`` None,
     and so does the line where compressed data turned out corrupt or cut short (``unreadable``
     says why; nothing after it is read)."""
-    source = str(path)
+    source = source_name(path)
     line_no = 0
     kind = compression(path)
     with open_input(path, kind) as f:
@@ -122,6 +123,13 @@ def read_lines(path: Path, *, max_line_bytes: int) -> Iterator[RawLine]:
                 continue
             logger.debug("%s:%d: line of %d bytes exceeds the cap", source, line_no, size)
             yield RawLine(source, line_no, None, size, chunk[:PREFIX_BYTES])
+
+
+def source_name(path: Path) -> str:
+    """The path as text any UTF-8 store can hold, for positions: the bytes of a file name that
+    is not UTF-8 (a Latin-1 archive, say) are written as \\xNN, as `ls -b` shows them, which
+    keeps two such names apart."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _next_line(f: io.BufferedIOBase, max_line_bytes: int) -> tuple[bytes, int, bool]:

@@ -409,3 +409,27 @@ def test_stats_top_must_be_a_whole_number_of_zero_or_more(
             main(["stats", "--db", str(tmp_path / "g.duckdb"), "--top", top])
         assert exited.value.code == 2
         assert f"argument --top: {says}" in capsys.readouterr().err
+
+
+def test_a_file_name_that_is_not_utf8_is_stored_escaped_and_reruns_match(
+        tmp_path: Path, stub: StubServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Latin-1 file name (b'caf\\xe9.jsonl') ended the job with a UnicodeEncodeError when its
+    position reached DuckDB; it is stored as `ls -b` shows it."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    name = os.fsdecode(bytes(folder) + b"/caf\xe9.jsonl")
+    Path(name).write_bytes(
+        b'{broken\n{"paper_id": "p1", "mentions": [{"id": "m1", "text": "BERT", '
+        b'"type": "method"}], "relationships": []}\n')
+    db = tmp_path / "graph.duckdb"
+    for _ in range(2):  # the rerun finds its reject and its paper again
+        assert main(["run", str(folder), "--db", str(db), "--server", stub.address,
+                     "--no-progress"]) == 0
+    assert "1 lines rejected as in an earlier run" in capsys.readouterr().out
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.sql("SELECT position FROM rejects").fetchall() == [
+            (f"{folder}/caf\\xe9.jsonl:1",)]
+        assert con.sql("SELECT source FROM papers").fetchall() == [
+            (f"{folder}/caf\\xe9.jsonl:2",)]
