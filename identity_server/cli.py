@@ -11,7 +11,9 @@ import gzip
 import logging
 import lzma
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
+from io import BufferedReader
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -73,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     imp = sub.add_parser("import", help="import an authority file (JSON Lines or CSV) into a store")
-    imp.add_argument("file", type=Path)
+    imp.add_argument("file", type=Path,
+                     help="JSON Lines or CSV (gzip, bzip2, xz too); - for standard input")
     imp.add_argument("--db", dest="db_url", help="store URL (default sqlite:///identity.sqlite)")
     imp.add_argument("--format", choices=["jsonl", "csv"], help="default: guessed from line 1")
     imp.set_defaults(run=_import)
@@ -111,19 +114,21 @@ def _import(args: argparse.Namespace) -> int:
     from identity_server.server import build_service
 
     settings = _settings(args, "db_url")
-    try:
-        lines, kind = _authority_file(args.file)
+    path = Path("/dev/stdin") if str(args.file) == "-" else args.file
+    try:  # before the index is built: a typo in the path costs nothing
+        raw = path.open("rb")
     except OSError as e:
         raise InvalidArgument(f"cannot read {args.file}: {e.strerror}") from e
-    service = build_service(settings)
-    try:
-        with lines as f, tqdm(
-            unit=" records", desc="importing", disable=None, file=sys.stderr
-        ) as bar:
-            report = service.import_lines(_readable(f, args.file, kind), args.format,
-                                          progress=bar.update)
-    finally:
-        service.close()
+    with raw:
+        service = build_service(settings)
+        try:
+            with _unpacked(raw) as (f, kind), tqdm(
+                unit=" records", desc="importing", disable=None, file=sys.stderr
+            ) as bar:
+                report = service.import_lines(_readable(f, args.file, kind), args.format,
+                                              progress=bar.update)
+        finally:
+            service.close()
     for refused in report.errors:
         print(f"{args.file}:{refused.line}: {refused.message}", file=sys.stderr)
     print(
@@ -135,20 +140,28 @@ def _import(args: argparse.Namespace) -> int:
 
 
 _READ_CHUNK = 1 << 16
-_COMPRESSED: dict[bytes, tuple[str, Callable[[Path, str], object]]] = {
-    b"\x1f\x8b": ("gzip", gzip.open), b"BZh": ("bzip2", bz2.open),
-    b"\xfd7zXZ\x00": ("xz", lzma.open)}
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
 
 
-def _authority_file(path: Path) -> tuple[BinaryIO, str]:
-    """The file's bytes, through its decompressor when its first bytes say gzip, bzip2 or xz;
-    and which of them ("" for none)."""
-    with path.open("rb") as f:
-        head = f.read(6)
-    for magic, (kind, opener) in _COMPRESSED.items():
-        if head.startswith(magic):
-            return cast(BinaryIO, opener(path, "rb")), kind
-    return path.open("rb"), ""
+@contextmanager
+def _unpacked(raw: BufferedReader) -> Iterator[tuple[BinaryIO, str]]:
+    """raw's bytes, through its decompressor when its first bytes say gzip, bzip2 or xz, and
+    which of them ("" for none). The first bytes are peeked at, not read, so a pipe works too.
+    (ingest.read.open_input does the same for papers: the packages share no code.)"""
+    kind = next((kind for magic, kind in _MAGIC.items()
+                 if raw.peek(len(magic))[:len(magic)] == magic), "")
+    # Each closes only itself when given a file object; `raw` is closed by the caller.
+    if kind == "gzip":
+        with gzip.GzipFile(fileobj=raw, mode="rb") as unpacked:
+            yield cast(BinaryIO, unpacked), kind
+    elif kind == "bzip2":
+        with bz2.BZ2File(raw) as unpacked_bz2:
+            yield cast(BinaryIO, unpacked_bz2), kind
+    elif kind == "xz":
+        with lzma.LZMAFile(raw) as unpacked_xz:
+            yield cast(BinaryIO, unpacked_xz), kind
+    else:
+        yield raw, kind
 
 
 def _readable(f: BinaryIO, path: Path, kind: str) -> Iterator[Line]:

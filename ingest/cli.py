@@ -31,7 +31,7 @@ from ingest.pipeline import (
     run_job,
     sync_redirects,
 )
-from ingest.read import CORRUPT, InputError, compression, expand_paths, open_input
+from ingest.read import CORRUPT, InputError, expand_paths, open_input
 from ingest.settings import Settings
 from ingest.sink import GraphSink, SinkError
 from ingest.vocabulary import VocabularyError, default_vocabulary, load_vocabulary
@@ -160,15 +160,23 @@ class _LogProgress:
 
 def _count_lines(files: Sequence[Path]) -> int | None:
     """A cheap total for the progress bar (newline count, of compressed files decompressed);
-    None for huge inputs or when a file cannot be read to its end (its lines are rejected)."""
-    kinds = [(f, compression(f)) for f in files]  # a file given twice is read twice
+    None for huge inputs, for a pipe (it can be read only once), or when a file cannot be read
+    to its end (its lines are rejected)."""
+    if not all(f.is_file() for f in files):
+        return None
+    kinds = []
+    for f in files:  # a file given twice is read twice
+        with open_input(f) as (_, kind):
+            kinds.append(kind)
     # A compressed byte is counted as the five or so it decompresses to.
-    if sum(f.stat().st_size * (5 if kind else 1) for f, kind in kinds) > 2 * 1024**3:
+    weight = sum(f.stat().st_size * (5 if kind else 1)
+                 for f, kind in zip(files, kinds, strict=True))
+    if weight > 2 * 1024**3:
         return None
     total = 0
     try:
-        for f, kind in kinds:
-            with open_input(f, kind) as fh:
+        for f in files:
+            with open_input(f) as (fh, _):
                 while block := fh.read(1 << 20):
                     total += block.count(b"\n")
     except CORRUPT:
@@ -299,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="store URL of the embedded server (default sqlite:///identity.sqlite)")
 
     run = sub.add_parser("run", help="ingest JSON Lines files or directories")
-    run.add_argument("paths", nargs="+", metavar="PATHS")
+    run.add_argument("paths", nargs="+", metavar="PATHS",
+                     help="JSON Lines files (gzip, bzip2, xz too), directories of them, - for stdin")
     common(run)
     run.add_argument("--concurrency", type=int,
                      help="papers in flight (1: file order, reproducible)")

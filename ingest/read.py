@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import io
 import logging
 import lzma
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, cast
 
 logger = logging.getLogger(__name__)
 
@@ -51,20 +52,22 @@ class RawLine:
 
 
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
-    """Files as given, directories as their JSON Lines files in sorted order (recursively)."""
+    """Files as given, directories as their JSON Lines files in sorted order (recursively);
+    `-` is standard input. A path that is neither (a pipe, `<(zcat papers.gz)`) is read as a
+    file, once."""
     files: list[Path] = []
     for raw in paths:
-        path = Path(raw)
+        path = Path("/dev/stdin") if str(raw) == "-" else Path(raw)
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and is_input_name(p))
             if not found:
                 logger.warning("directory %s holds no *.jsonl or *.ndjson files "
                                "(nor such files compressed: .gz, .bz2, .xz)", path)
             files.extend(found)
-        elif path.is_file():
+        elif path.exists():
             files.append(path)
         else:
-            raise InputError(f"input path {path} does not exist or is not a file or directory")
+            raise InputError(f"input path {path} does not exist")
     return files
 
 
@@ -76,23 +79,27 @@ def is_input_name(path: Path) -> bool:
     return bool(suffixes) and suffixes[-1] in JSONL_SUFFIXES
 
 
-def compression(path: Path) -> str:
-    """"gzip", "bzip2" or "xz" when the file's first bytes say so, else ""."""
-    with path.open("rb") as f:
-        head = f.read(6)
-    return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "")
-
-
-def open_input(path: Path, kind: str | None = None) -> io.BufferedIOBase:
-    """The file's bytes, decompressed when it is compressed (`kind`: from `compression`)."""
-    kind = compression(path) if kind is None else kind
-    if kind == "gzip":
-        return gzip.GzipFile(path, "rb")
-    if kind == "bzip2":
-        return bz2.BZ2File(path, "rb")
-    if kind == "xz":
-        return lzma.LZMAFile(path, "rb")
-    return path.open("rb")
+@contextmanager
+def open_input(path: Path) -> Iterator[tuple[BinaryIO, str]]:
+    """The file's bytes, decompressed when its first bytes say gzip, bzip2 or xz, and which of
+    them ("" for none). The file is opened once and its first bytes peeked at, not read, so a
+    pipe works too."""
+    with path.open("rb") as raw:
+        kind = next((kind for magic, kind in _MAGIC.items()
+                     if raw.peek(len(magic))[:len(magic)] == magic), "")
+        if not kind:
+            yield raw, kind
+            return
+        # Each closes only itself when given a file object; `raw` is closed above.
+        if kind == "gzip":
+            with gzip.GzipFile(fileobj=raw, mode="rb") as unpacked:
+                yield cast(BinaryIO, unpacked), kind
+        elif kind == "bzip2":
+            with bz2.BZ2File(raw) as unpacked_bz2:
+                yield cast(BinaryIO, unpacked_bz2), kind
+        else:
+            with lzma.LZMAFile(raw) as unpacked_xz:
+                yield cast(BinaryIO, unpacked_xz), kind
 
 
 def read_lines(path: Path, *, max_line_bytes: int) -> Iterator[RawLine]:
@@ -101,8 +108,7 @@ def read_lines(path: Path, *, max_line_bytes: int) -> Iterator[RawLine]:
     says why; nothing after it is read)."""
     source = source_name(path)
     line_no = 0
-    kind = compression(path)
-    with open_input(path, kind) as f:
+    with open_input(path) as (f, kind):
         while True:
             try:
                 chunk, size, over_cap = _next_line(f, max_line_bytes)
@@ -132,7 +138,7 @@ def source_name(path: Path) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-def _next_line(f: io.BufferedIOBase, max_line_bytes: int) -> tuple[bytes, int, bool]:
+def _next_line(f: BinaryIO, max_line_bytes: int) -> tuple[bytes, int, bool]:
     """The next line (b"" at the end), its size, and whether it is over the cap: then only its
     first ``max_line_bytes + 1`` bytes are returned, the rest skipped without being kept."""
     chunk = f.readline(max_line_bytes + 1)

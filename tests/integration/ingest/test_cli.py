@@ -433,3 +433,21 @@ def test_a_file_name_that_is_not_utf8_is_stored_escaped_and_reruns_match(
             (f"{folder}/caf\\xe9.jsonl:1",)]
         assert con.sql("SELECT source FROM papers").fetchall() == [
             (f"{folder}/caf\\xe9.jsonl:2",)]
+
+
+def test_papers_read_from_a_pipe_compressed_or_not(
+        tmp_path: Path, stub: StubServer) -> None:
+    """`-` is standard input, and a pipe is read once (its first bytes peeked at to tell
+    gzip, not read; no count for the progress bar): the same papers as from the file."""
+    papers = (EXAMPLES / "papers.jsonl").read_bytes()
+    db = tmp_path / "graph.duckdb"
+    outputs = []
+    for path, data in (("-", gzip.compress(papers)), ("/dev/stdin", papers)):
+        done = subprocess.run(
+            [sys.executable, "-m", "ingest.cli", "run", path, "--db", str(db),
+             "--server", stub.address], input=data, capture_output=True, timeout=120,
+            check=False)
+        assert done.returncode == 0, done.stderr.decode()
+        outputs.append(done.stdout.decode())
+    assert "papers ingested:   200" in outputs[0]
+    assert "papers unchanged:  200" in outputs[1]  # the same papers, gzip or not
