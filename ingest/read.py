@@ -53,8 +53,7 @@ class RawLine:
 
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
     """Files as given, directories as their JSON Lines files in sorted order (recursively);
-    `-` is standard input. A path that is neither (a pipe, `<(zcat papers.gz)`) is read as a
-    file, once."""
+    `-` is standard input. A pipe (`<(zcat papers.gz)`) or a terminal is read as a file, once."""
     files: list[Path] = []
     for raw in paths:
         path = Path("/dev/stdin") if str(raw) == "-" else Path(raw)
@@ -64,8 +63,10 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
                 logger.warning("directory %s holds no *.jsonl or *.ndjson files "
                                "(nor such files compressed: .gz, .bz2, .xz)", path)
             files.extend(found)
-        elif path.exists():
+        elif path.is_file() or path.is_fifo() or path.is_char_device():
             files.append(path)
+        elif path.exists():
+            raise InputError(f"input path {path} is not a file, a pipe or a directory")
         else:
             raise InputError(f"input path {path} does not exist")
     return files
