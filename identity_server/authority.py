@@ -169,10 +169,19 @@ def _parse_jsonl(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordErro
 
 
 def _parse_csv(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]:
+    it = iter(lines)
+    top: list[Line] = []  # up to the header: blank lines, then the first that is not
+    for line in it:
+        top.append(line)
+        if _text(line).strip():
+            break
+    if not top:
+        return
     unreadable: dict[int, str] = {}  # line number -> why, for the lines read so far
-    reader = csv.reader(_strip_newlines(lines, unreadable))
+    reader = csv.reader(_strip_newlines(_chain(top, it), unreadable),
+                        delimiter=_delimiter(_text(top[-1])))
     rows = _csv_rows(reader)
-    header = next(rows, None)
+    header = next((row for row in rows if row != []), None)  # blank lines before it skipped
     if header is None:
         return
     if isinstance(header, RecordError):
@@ -185,8 +194,9 @@ def _parse_csv(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]
     columns = [h.strip().lower() for h in header]
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
-        yield RecordError(1, f"CSV header lacks column(s) {', '.join(missing)}; "
-                             "expected id,name,type,aliases")
+        yield RecordError(reader.line_num,
+                          f"CSV header lacks column(s) {', '.join(missing)}; expected "
+                          "id,name,type,aliases (or separated by ';' or tabs)")
         return
     for row in rows:
         number = reader.line_num
@@ -208,6 +218,16 @@ def _parse_csv(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]
         raw_aliases = obj.get("aliases", "")
         aliases = [a for a in raw_aliases.split("|")] if raw_aliases else []
         yield _record(number, obj, aliases)
+
+
+def _delimiter(header: str) -> str:
+    """"," as CSV has it, or ";" or a tab when only that split of the header names the columns
+    (a spreadsheet's export where the decimal mark is a comma, a TSV file)."""
+    for delimiter in (",", ";", "\t"):
+        names = {name.strip().strip('"').lower() for name in header.split(delimiter)}
+        if names.issuperset(REQUIRED_COLUMNS):
+            return delimiter
+    return ","
 
 
 def _csv_rows(reader: CsvReader) -> Iterator[list[str] | RecordError]:

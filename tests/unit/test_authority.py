@@ -119,3 +119,19 @@ def test_a_line_over_the_cap_refuses_its_record_and_is_never_held_whole() -> Non
     assert [getattr(r, "entity_id", None) for r in records] == ["A", None, "C"]
     assert records[1] == RecordError(
         2, f"line is {len(huge)} bytes long, more than the cap of {MAX_LINE_BYTES} bytes")
+
+
+def test_a_csv_separated_by_semicolons_or_tabs_is_read_by_its_header() -> None:
+    """A spreadsheet's export where the decimal mark is a comma separates with ';'; a TSV file
+    with tabs. Commas inside the names stay theirs."""
+    for sep in (b";", b"\t"):
+        data = sep.join([b"id", b"name", b"type", b"aliases"]) + b"\n" + sep.join(
+            [b"C-1", b"Smith, Jane", b"person", b"J. Smith|Jane Smith"]) + b"\n"
+        [record] = parse_authority(decode_lines(data.split(b"\n")), "csv")
+        assert record == AuthorityRecord(2, "C-1", "Smith, Jane", "person",
+                                         ("J. Smith", "Jane Smith"))
+    assert parsed(b"\n\nid;name;type\nA;Ada, B.;person\n\nB;Bo;person\n", "csv") == [
+        (4, "A"), (6, "B")]  # blank lines before the header and between rows: numbers hold
+    assert parsed(b"id|name|type\nA|x|other\n", "csv") == [
+        (1, ("error: CSV header lacks column(s) id, name, type; expected "
+             "id,name,type,aliases (or separated by ';' or tabs)"))]
