@@ -165,7 +165,8 @@ def _parse_jsonl(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordErro
         if not isinstance(obj, dict):
             yield RecordError(number, "a record must be a JSON object")
             continue
-        yield _record(number, obj, obj.get("aliases", []))
+        aliases = obj.get("aliases")
+        yield _record(number, obj, [] if aliases is None else aliases)  # null: none, as absent
 
 
 def _parse_csv(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]:

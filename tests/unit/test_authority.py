@@ -135,3 +135,11 @@ def test_a_csv_separated_by_semicolons_or_tabs_is_read_by_its_header() -> None:
     assert parsed(b"id|name|type\nA|x|other\n", "csv") == [
         (1, ("error: CSV header lacks column(s) id, name, type; expected "
              "id,name,type,aliases (or separated by ';' or tabs)"))]
+
+
+def test_jsonl_aliases_may_be_absent_or_null_but_not_a_string() -> None:
+    data = (b'{"id": "A", "name": "Ada", "type": "person"}\n'
+            b'{"id": "B", "name": "Bo", "type": "person", "aliases": null}\n'
+            b'{"id": "C", "name": "Cy", "type": "person", "aliases": "C. Y."}\n')
+    assert parsed(data) == [
+        (1, "A"), (2, "B"), (3, "error: field 'aliases' must be a list of strings")]
