@@ -181,9 +181,9 @@ class MentionIn(BaseModel):
     @field_validator("type")
     @classmethod
     def _type(cls, value: str) -> str:
+        """A blank type is kept: the identity server reads it as the wildcard `other` (SPEC
+        section 2), so the mention is not lost."""
         check_unicode(value)
-        if not value.strip():
-            raise ValueError("type is empty")
         if len(value) > 128:
             raise ValueError(f"type is {len(value)} characters long, more than the cap of 128")
         return value

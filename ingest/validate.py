@@ -394,7 +394,7 @@ def _fast_paper(
         etype = m.get("type")
         if (type(mid) is not _STR or type(text) is not _STR or type(etype) is not _STR
                 or len(mid) > max_id or len(text) > max_text or len(etype) > 128
-                or mid in seen or not mid.strip() or not text.strip() or not etype.strip()):
+                or mid in seen or not mid.strip() or not text.strip()):
             return None
         span = _fast_span(m.get("span"))
         if span is False:

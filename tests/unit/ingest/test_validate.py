@@ -126,7 +126,6 @@ BAD_MENTIONS = [
     ({"id": "m3", "type": "method"}, "text: required field is missing"),
     ({"id": "m3", "text": "  ", "type": "method"}, "text is empty"),
     ({"id": "m3", "text": "X"}, "type: required field is missing"),
-    ({"id": "m3", "text": "X", "type": ""}, "type is empty"),
     ({"id": "m3", "text": 42, "type": "method"}, "valid string (got int)"),
     ({"id": 3.5, "text": "X", "type": "method"}, "id: must be a string or an integer"),
     ({"id": "m3", "text": "x" * 513, "type": "method"}, "513 characters long"),
@@ -156,6 +155,19 @@ def test_relationship_on_a_rejected_mention_is_rejected_with_its_reason() -> Non
     assert len(p.relationships) == 1
     assert [r.item for r in p.rejects] == ["mentions[2]", "relationships[1]"]
     assert "mention 'm3' was rejected (mentions[2])" in p.rejects[1].reason
+
+
+def test_a_blank_type_is_kept_for_the_server_to_read_as_other() -> None:
+    """SPEC section 2 reads an empty type as the wildcard `other`; section 6 rejects a missing
+    one, not a blank one: the mention and its relationships are kept."""
+    mentions = [*paper()["mentions"], {"id": "m3", "text": "Transformer", "type": "  "}]
+    rels = [*paper()["relationships"], {"subject": "m3", "predicate": "uses", "object": "m1"}]
+    p = parse(paper(mentions=mentions, relationships=rels))
+    assert isinstance(p, CheckedPaper) and p.rejects == ()
+    assert [(m.mention_id, m.entity_type) for m in p.mentions][-1] == ("m3", "  ")
+    assert len(p.relationships) == 2
+    missing = parse(paper(mentions=[*paper()["mentions"], {"id": "m3", "text": "X"}]))
+    assert [r.reason for r in missing.rejects] == ["mentions[2].type: required field is missing"]
 
 
 def test_integer_ids_and_revisions_are_read_as_their_decimal_text() -> None:

@@ -145,7 +145,6 @@ DECLINED = [
     with_mention(text=""),
     with_mention(text="\x1c"),
     with_mention(text="\u3000"),
-    with_mention(type=" "),
     with_mention(id=" "),
     with_mention(id="m1"),
     with_mention(text="x" * 513),
@@ -166,6 +165,11 @@ def test_papers_with_a_reject_are_declined(obj: dict[str, Any]) -> None:
     fast, slow = both(obj)
     assert slow is None or slow.rejects != ()
     assert fast is None
+
+
+def test_a_blank_type_is_taken_by_both_paths_alike() -> None:
+    fast, slow = both(with_mention(type=" "))
+    assert slow.rejects == () and fast == slow
 
 
 def test_caps_are_declined_past_them_and_taken_at_them() -> None:
