@@ -132,12 +132,13 @@ def parse_authority(
             break
     if not head or not _text(head[-1]).strip():
         return
-    fmt = fmt or detect_format(_text(head[-1]))
+    first = _text(head[-1])  # the first line that is not blank
+    fmt = fmt or detect_format(first)
     body = _chain(head, it)
     if fmt == "jsonl":
         yield from _parse_jsonl(body)
     elif fmt == "csv":
-        yield from _parse_csv(body)
+        yield from _parse_csv(body, _delimiter(first))
     else:
         raise ValueError(f"unknown authority format {fmt!r}; use jsonl or csv")
 
@@ -169,18 +170,9 @@ def _parse_jsonl(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordErro
         yield _record(number, obj, [] if aliases is None else aliases)  # null: none, as absent
 
 
-def _parse_csv(lines: Iterable[Line]) -> Iterator[AuthorityRecord | RecordError]:
-    it = iter(lines)
-    top: list[Line] = []  # up to the header: blank lines, then the first that is not
-    for line in it:
-        top.append(line)
-        if _text(line).strip():
-            break
-    if not top:
-        return
+def _parse_csv(lines: Iterable[Line], delimiter: str) -> Iterator[AuthorityRecord | RecordError]:
     unreadable: dict[int, str] = {}  # line number -> why, for the lines read so far
-    reader = csv.reader(_strip_newlines(_chain(top, it), unreadable),
-                        delimiter=_delimiter(_text(top[-1])))
+    reader = csv.reader(_strip_newlines(lines, unreadable), delimiter=delimiter)
     rows = _csv_rows(reader)
     header = next((row for row in rows if row != []), None)  # blank lines before it skipped
     if header is None:
