@@ -1,4 +1,5 @@
-"""`identity-server`: serve, import an authority file, or resolve a mention from a terminal.
+"""`identity-server`: serve, import an authority file; resolve, inspect and curate through a
+running server (remote.py).
 
 Settings come from flags, then `IDENTITY_*` environment variables, then defaults (settings.py).
 """
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from tqdm import tqdm
 
+from identity_server import remote
 from identity_server.authority import Line, TooLong, decode_lines, split_lines
 from identity_server.errors import IdentityError, InvalidArgument, StartupError
 from identity_server.settings import Settings, describe_settings_error
@@ -54,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        remote.close(args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,13 +88,50 @@ def _parser() -> argparse.ArgumentParser:
     res = sub.add_parser("resolve", help="resolve one mention through a running server")
     res.add_argument("mention")
     res.add_argument("--type", dest="entity_type", default="other")
-    res.add_argument("--server", default="127.0.0.1:50051", help="host:port of the server")
     res.add_argument("--context", default="", help="paper id to record evidence under")
     res.add_argument("--lookup-only", action="store_true", help="look, never write")
-    res.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds")
-    res.add_argument("--tls-ca", type=Path,
-                     help="PEM root certificates: talk TLS (to a server run with --tls-cert)")
-    res.set_defaults(run=_resolve)
+    remote.add_connection_options(res)
+    res.set_defaults(run=remote.resolve)
+
+    ent = sub.add_parser("entity", help="show an entity: names, status, evidence, redirect")
+    ent.add_argument("entity_id")
+    ent.add_argument("--forms", type=_count, default=20,
+                     help="surface forms to print (default 20; 0: all)")
+    remote.add_connection_options(ent)
+    ent.set_defaults(run=remote.entity)
+
+    links = sub.add_parser("links", help="list open possibly_same_as links (the review queue)")
+    links.add_argument("--entity", help="only links touching this entity")
+    links.add_argument("--limit", type=_count, default=100, help="at most this many (default 100; 0: all)")
+    remote.add_connection_options(links)
+    links.set_defaults(run=remote.links)
+
+    settle = sub.add_parser("settle", help="admin: settle a linked pair as same (merge) or "
+                                           "distinct (never proposed again)")
+    settle.add_argument("entity_id")
+    settle.add_argument("other_id")
+    settle.add_argument("decision", choices=["same", "distinct"])
+    settle.add_argument("--reason", required=True, help="why (recorded with the decision)")
+    settle.add_argument("--actor", help="who decides (default: your login name)")
+    remote.add_connection_options(settle, admin=True)
+    settle.set_defaults(run=remote.settle)
+
+    merge = sub.add_parser("merge", help="admin: merge SOURCE into TARGET (SOURCE redirects)")
+    merge.add_argument("source_id")
+    merge.add_argument("target_id")
+    remote.add_connection_options(merge, admin=True)
+    merge.set_defaults(run=remote.merge)
+
+    promote = sub.add_parser("promote", help="admin: make a provisional entity canonical")
+    promote.add_argument("entity_id")
+    remote.add_connection_options(promote, admin=True)
+    promote.set_defaults(run=remote.promote)
+
+    alias = sub.add_parser("alias", help="admin: add an alias (a typo anchor) to an entity")
+    alias.add_argument("entity_id")
+    alias.add_argument("alias")
+    remote.add_connection_options(alias, admin=True)
+    alias.set_defaults(run=remote.alias)
     return p
 
 
@@ -186,39 +227,15 @@ def _readable(f: BinaryIO, path: Path, kind: str) -> Iterator[Line]:
         raise InvalidArgument(f"{path}: {e}") from e
 
 
-def _read_bytes(path: Path, what: str) -> bytes:
+def _count(text: str) -> int:
+    """A whole number of at least 0, for argparse."""
     try:
-        return path.read_bytes()
-    except OSError as e:
-        raise InvalidArgument(f"cannot read the {what} {path}: {e.strerror}") from e
-
-
-def _resolve(args: argparse.Namespace) -> int:
-    from identity_api.v1 import identity_service_pb2 as pb
-    from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
-
-    channel = (grpc.secure_channel(args.server, grpc.ssl_channel_credentials(
-        root_certificates=_read_bytes(args.tls_ca, "TLS root certificates")))
-        if args.tls_ca is not None else grpc.insecure_channel(args.server))
-    with channel:
-        stub = pb_grpc.IdentityServiceStub(channel)
-        reply = stub.Resolve(
-            pb.ResolveRequest(mention=args.mention, entity_type=args.entity_type,
-                              context_id=args.context, lookup_only=args.lookup_only),
-            timeout=args.timeout,
-        )
-    print(f"entity_id:    {reply.entity_id or '(none: lookup only)'}")
-    print(f"status:       {pb.EntityStatus.Name(reply.status)}")
-    print(f"match_kind:   {pb.MatchKind.Name(reply.match_kind)}")
-    print(f"name:         {reply.name}")
-    print(f"type:         {reply.entity_type}")
-    print(f"matched_name: {reply.matched_name}")
-    print(f"created:      {reply.created}")
-    if reply.candidates:
-        print(f"candidates:   {', '.join(reply.candidates)}")
-    if reply.possibly_same_as:
-        print(f"possibly_same_as: {', '.join(reply.possibly_same_as)}")
-    return 0
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more (got {value})")
+    return value
 
 
 if __name__ == "__main__":

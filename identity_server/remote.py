@@ -1,0 +1,227 @@
+"""The command line's client commands: each talks to a running server over gRPC.
+
+`resolve` a mention, look at an `entity`, work the curator's review queue (`links`, `settle`)
+and curate (`merge`, `promote`, `alias`) from a terminal, without hand-written gRPC calls or
+metadata. Every call has a deadline; admin calls present the admin token as the server expects
+it (`authorization: Bearer <token>`). `--json` prints what the server answered, for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from identity_api.v1 import identity_service_pb2 as pb
+from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
+from identity_server.errors import InvalidArgument
+
+Metadata = tuple[tuple[str, str], ...]
+_PAGE = 1000  # links asked for per ListPossiblySameAs call (the server's most)
+_FORMS_SHOWN = 20  # surface forms printed by default: a much-mentioned entity has thousands
+
+
+def add_connection_options(parser: argparse.ArgumentParser, *, admin: bool = False) -> None:
+    """--server, --timeout, --tls-ca and --json; and --admin-token for admin commands."""
+    parser.add_argument("--server", default="127.0.0.1:50051", help="host:port of the server")
+    parser.add_argument("--timeout", type=float, default=10.0, help="deadline of each call, s")
+    parser.add_argument("--tls-ca", type=Path,
+                        help="PEM root certificates: talk TLS (to a server run with --tls-cert)")
+    parser.add_argument("--json", action="store_true", help="print the reply as JSON")
+    if admin:
+        parser.add_argument("--admin-token",
+                            help="the server's admin token (default: IDENTITY_ADMIN_TOKEN)")
+
+
+def resolve(args: argparse.Namespace) -> int:
+    reply = _call(args, "Resolve", pb.ResolveRequest(
+        mention=args.mention, entity_type=args.entity_type, context_id=args.context,
+        lookup_only=args.lookup_only))
+    if args.json:
+        return _print_json(reply)
+    print(f"entity_id:    {reply.entity_id or '(none: lookup only)'}")
+    print(f"status:       {pb.EntityStatus.Name(reply.status)}")
+    print(f"match_kind:   {pb.MatchKind.Name(reply.match_kind)}")
+    print(f"name:         {reply.name}")
+    print(f"type:         {reply.entity_type}")
+    print(f"matched_name: {reply.matched_name}")
+    print(f"created:      {reply.created}")
+    if reply.candidates:
+        print(f"candidates:   {', '.join(reply.candidates)}")
+    if reply.possibly_same_as:
+        print(f"possibly_same_as: {', '.join(reply.possibly_same_as)}")
+    return 0
+
+
+def entity(args: argparse.Namespace) -> int:
+    reply = _call(args, "GetEntity", pb.GetEntityRequest(entity_id=args.entity_id))
+    return _show(args, reply.entity, forms=args.forms)
+
+
+def links(args: argparse.Namespace) -> int:
+    """The open possibly_same_as links, each end with its name and type, oldest first."""
+    found, more = _links(args)
+    names: dict[str, pb.Entity | None] = {}
+
+    def end(entity_id: str) -> pb.Entity | None:
+        if entity_id not in names:
+            try:
+                names[entity_id] = _call(args, "GetEntity",
+                                         pb.GetEntityRequest(entity_id=entity_id)).entity
+            except grpc.RpcError as e:  # gone between the two calls: the id alone will do
+                if e.code() is not grpc.StatusCode.NOT_FOUND:
+                    raise
+                names[entity_id] = None
+        return names[entity_id]
+
+    if args.json:
+        print(json.dumps([{"entity": _as_dict(end(link.entity_id)) or link.entity_id,
+                           "other": _as_dict(end(link.other_id)) or link.other_id,
+                           "sequence": link.sequence} for link in found],
+                         ensure_ascii=False, indent=2))
+    else:
+        for link in found:
+            print(f"{_label(link.entity_id, end(link.entity_id))}  ~  "
+                  f"{_label(link.other_id, end(link.other_id))}")
+        print(f"{len(found)} open links" + (" (more: raise --limit)" if more else ""))
+    return 0
+
+
+def settle(args: argparse.Namespace) -> int:
+    decision = {"same": pb.SAME, "distinct": pb.DISTINCT}[args.decision]
+    reply = _call(args, "SettlePossiblySameAs", pb.SettlePossiblySameAsRequest(
+        entity_id=args.entity_id, other_id=args.other_id, decision=decision,
+        actor=args.actor or getpass.getuser(), reason=args.reason), admin=True)
+    return _show(args, reply.entity)
+
+
+def merge(args: argparse.Namespace) -> int:
+    reply = _call(args, "Merge", pb.MergeRequest(source_id=args.source_id,
+                                                 target_id=args.target_id), admin=True)
+    return _show(args, reply.entity)
+
+
+def promote(args: argparse.Namespace) -> int:
+    reply = _call(args, "Promote", pb.PromoteRequest(entity_id=args.entity_id), admin=True)
+    return _show(args, reply.entity)
+
+
+def alias(args: argparse.Namespace) -> int:
+    reply = _call(args, "AddAlias", pb.AddAliasRequest(entity_id=args.entity_id,
+                                                       alias=args.alias), admin=True)
+    return _show(args, reply.entity)
+
+
+# -- calls -------------------------------------------------------------------------------------
+
+def _call(args: argparse.Namespace, method: str, request: Any, *, admin: bool = False) -> Any:
+    """One unary call with the command's deadline (and the admin token when admin); a channel
+    is opened once per command and kept on args."""
+    stub = getattr(args, "_stub", None)
+    if stub is None:
+        args._channel = _channel(args)
+        stub = args._stub = pb_grpc.IdentityServiceStub(args._channel)
+    metadata = _admin_metadata(args) if admin else ()
+    try:
+        return getattr(stub, method)(request, timeout=args.timeout, metadata=metadata)
+    except grpc.RpcError as e:
+        if admin and not metadata and e.code() is grpc.StatusCode.UNAUTHENTICATED:
+            raise InvalidArgument(f"{e.details()}: give the token with --admin-token or "
+                                  "IDENTITY_ADMIN_TOKEN") from e
+        raise
+
+
+def close(args: argparse.Namespace) -> None:
+    """Close the command's channel, if it opened one."""
+    channel = getattr(args, "_channel", None)
+    if channel is not None:
+        channel.close()
+
+
+def _channel(args: argparse.Namespace) -> grpc.Channel:
+    if args.tls_ca is None:
+        return grpc.insecure_channel(args.server)
+    try:
+        roots = args.tls_ca.read_bytes()
+    except OSError as e:
+        raise InvalidArgument(
+            f"cannot read the TLS root certificates {args.tls_ca}: {e.strerror}") from e
+    return grpc.secure_channel(args.server, grpc.ssl_channel_credentials(root_certificates=roots))
+
+
+def _admin_metadata(args: argparse.Namespace) -> Metadata:
+    from identity_server.settings import Settings  # IDENTITY_ADMIN_TOKEN when no flag
+
+    token = args.admin_token or Settings().admin_token
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def _links(args: argparse.Namespace) -> tuple[list[pb.PossiblySameAsLink], bool]:
+    """Up to --limit links (0: all), page by page; and whether there are more."""
+    limit = args.limit or sys.maxsize
+    found: list[pb.PossiblySameAsLink] = []
+    token = ""
+    while len(found) < limit:
+        reply = _call(args, "ListPossiblySameAs", pb.ListPossiblySameAsRequest(
+            entity_id=args.entity or "", page_size=min(_PAGE, limit - len(found)),
+            page_token=token))
+        found.extend(reply.links)
+        token = reply.next_page_token
+        if not token:
+            return found, False
+    return found, True
+
+
+# -- output ------------------------------------------------------------------------------------
+
+def _show(args: argparse.Namespace, e: pb.Entity, *, forms: int = _FORMS_SHOWN) -> int:
+    if args.json:
+        return _print_json(e)
+    print(f"entity_id:     {e.entity_id}")
+    print(f"status:        {pb.EntityStatus.Name(e.status)}")
+    if e.redirect_to:
+        print(f"redirect_to:   {e.redirect_to}")
+    if e.name:
+        print(f"name:          {e.name}")
+    print(f"type:          {e.entity_type}")
+    if e.placeholder:
+        print("placeholder:   yes (an ambiguous spelling's; only a curator merges or promotes it)")
+    for heading, values, shown in (("aliases", e.aliases, None),
+                                   ("surface_forms", e.surface_forms, forms or None)):
+        if values:
+            print(f"{heading + ':':<15}{' | '.join(_first(values, shown))}"
+                  + (f"  ... and {len(values) - shown} more (--forms 0: all)"
+                     if shown is not None and len(values) > shown else ""))
+    if e.status == pb.MERGED:
+        print("evidence:      moved with its names to the entity it redirects to")
+    else:
+        print(f"evidence:      {e.evidence_count} resolves in {e.paper_count} papers")
+    return 0
+
+
+def _first(values: Any, n: int | None) -> Iterator[str]:
+    return iter(values if n is None else values[:n])
+
+
+def _label(entity_id: str, e: pb.Entity | None) -> str:
+    return f"{entity_id} {e.name!r} [{e.entity_type}]" if e is not None else entity_id
+
+
+def _as_dict(message: Any) -> dict[str, Any] | None:
+    if message is None:
+        return None
+    as_dict: dict[str, Any] = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return as_dict
+
+
+def _print_json(message: Any) -> int:
+    print(json.dumps(_as_dict(message), ensure_ascii=False, indent=2))
+    return 0

@@ -1,0 +1,181 @@
+"""The command line's client commands against a real server on a free port: the review queue
+(`links`, `settle`), curation (`merge`, `promote`, `alias`) and `entity`, checked both by what
+they print and by what the server holds afterwards."""
+
+from __future__ import annotations
+
+import getpass
+import json
+
+import pytest
+from identity_api.v1 import identity_service_pb2 as pb
+from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+
+from identity_server import cli, remote
+from identity_server.server import RunningServer
+from tests.conftest import ADMIN_TOKEN
+
+CaptureFixture = pytest.CaptureFixture[str]
+
+
+def _run(server: RunningServer, *argv: str) -> int:
+    return cli.main([*argv, "--server", f"127.0.0.1:{server.port}", "--timeout", "10"])
+
+
+def _admin(server: RunningServer, *argv: str) -> int:
+    return _run(server, *argv, "--admin-token", ADMIN_TOKEN)
+
+
+def _resolve(stub: pb_grpc.IdentityServiceStub, mention: str, etype: str) -> pb.ResolveResponse:
+    reply: pb.ResolveResponse = stub.Resolve(
+        pb.ResolveRequest(mention=mention, entity_type=etype), timeout=10)
+    return reply
+
+
+def _weak_pair(stub: pb_grpc.IdentityServiceStub, a: str, b: str) -> tuple[str, str]:
+    """Two entities linked possibly_same_as: keys under 3 characters are weak (SPEC section 2)."""
+    first = _resolve(stub, a, "metric")
+    second = _resolve(stub, b, "metric")
+    assert second.match_kind == pb.NEW and list(second.possibly_same_as) == [first.entity_id]
+    return first.entity_id, second.entity_id
+
+
+def _open_links(stub: pb_grpc.IdentityServiceStub) -> set[frozenset[str]]:
+    reply = stub.ListPossiblySameAs(pb.ListPossiblySameAsRequest(page_size=1000), timeout=10)
+    return {frozenset((link.entity_id, link.other_id)) for link in reply.links}
+
+
+def test_links_lists_the_review_queue_with_each_end_named(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture) -> None:
+    f1, f_1 = _weak_pair(stub, "F1", "F-1")
+    mt, mt_dot = _weak_pair(stub, "MT", "MT.")
+    capsys.readouterr()
+
+    assert _run(server, "links") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"{f1} 'F1' [metric]  ~  {f_1} 'F-1' [metric]",
+                   f"{mt} 'MT' [metric]  ~  {mt_dot} 'MT.' [metric]",
+                   "2 open links"]
+
+    assert _run(server, "links", "--entity", mt_dot) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "1 open links"
+
+    assert _run(server, "links", "--json") == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(x["entity"]["entity_id"], x["other"]["name"]) for x in listed] == [
+        (f1, "F-1"), (mt, "MT.")]
+
+
+def test_links_pages_through_the_queue_up_to_the_limit(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote, "_PAGE", 2)  # several pages from a few links
+    pairs = [_weak_pair(stub, f"{c}1", f"{c}-1") for c in "ABCDE"]
+    capsys.readouterr()
+
+    assert _run(server, "links", "--limit", "3") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4 and out[-1] == "3 open links (more: raise --limit)"
+
+    assert _run(server, "links", "--limit", "0") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "5 open links"
+    assert [line.split()[0] for line in out[:-1]] == [a for a, _ in pairs]
+
+
+def test_settle_distinct_and_same_change_the_store(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture) -> None:
+    f1, f_1 = _weak_pair(stub, "F1", "F-1")
+    mt, mt_dot = _weak_pair(stub, "MT", "MT.")
+
+    assert _admin(server, "settle", f1, f_1, "distinct", "--reason", "F1 score vs Formula 1",
+                  "--actor", "alice") == 0
+    assert _admin(server, "settle", mt_dot, mt, "same", "--reason", "one task") == 0
+    out = capsys.readouterr().out
+    assert f"entity_id:     {mt}" in out  # the older of two provisional entities is the target
+    assert _open_links(stub) == set()
+
+    merged = stub.GetEntity(pb.GetEntityRequest(entity_id=mt_dot), timeout=10).entity
+    assert merged.status == pb.MERGED and merged.redirect_to == mt
+    changes = list(stub.ListChanges(pb.ListChangesRequest(), timeout=10))
+    settled = [json.loads(c.change.detail) for c in changes
+               if c.change.kind == pb.CHANGE_KIND_LINK_SETTLED]
+    assert [(s["decision"], s["actor"], s["reason"]) for s in settled] == [
+        ("distinct", "alice", "F1 score vs Formula 1"),
+        ("same", getpass.getuser(), "one task"),  # the actor defaults to the login name
+    ]
+
+    # Settling again: the pair is no longer linked, and the server says so.
+    assert _admin(server, "settle", f1, f_1, "same", "--reason", "changed my mind") == 1
+    assert "FAILED_PRECONDITION" in capsys.readouterr().err
+
+
+def test_merge_promote_and_alias_act_on_the_server(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture) -> None:
+    ada = _resolve(stub, "Ada Lovelace", "person").entity_id
+    countess = _resolve(stub, "Countess of Lovelace", "person").entity_id
+
+    assert _admin(server, "merge", countess, ada) == 0
+    assert _admin(server, "promote", ada) == 0
+    assert _admin(server, "alias", ada, "Augusta Ada King") == 0
+    out = capsys.readouterr().out
+    assert "status:        CANONICAL" in out and "aliases:       Augusta Ada King" in out
+
+    live = stub.GetEntity(pb.GetEntityRequest(entity_id=ada), timeout=10).entity
+    assert live.status == pb.CANONICAL
+    assert list(live.aliases) == ["Augusta Ada King"]
+    assert list(live.surface_forms) == ["Countess of Lovelace"]  # a provisional name
+    assert _resolve(stub, "Augusta Ada Kinf", "person").entity_id == ada  # a typo anchor now
+
+    assert _run(server, "entity", countess) == 0
+    out = capsys.readouterr().out
+    assert "status:        MERGED" in out and f"redirect_to:   {ada}" in out
+
+    assert _admin(server, "merge", ada, ada) == 1
+    assert "FAILED_PRECONDITION: cannot merge" in capsys.readouterr().err
+
+
+def test_admin_commands_without_the_token_say_how_to_give_it(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ada = _resolve(stub, "Ada Lovelace", "person").entity_id
+    monkeypatch.delenv("IDENTITY_ADMIN_TOKEN", raising=False)
+
+    assert _run(server, "promote", ada) == 2
+    err = capsys.readouterr().err
+    assert "--admin-token" in err and "IDENTITY_ADMIN_TOKEN" in err
+    assert _run(server, "promote", ada, "--admin-token", "wrong") == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    assert stub.GetEntity(pb.GetEntityRequest(entity_id=ada), timeout=10).entity.status == (
+        pb.PROVISIONAL)
+
+    monkeypatch.setenv("IDENTITY_ADMIN_TOKEN", ADMIN_TOKEN)
+    assert _run(server, "promote", ada) == 0
+    assert stub.GetEntity(pb.GetEntityRequest(entity_id=ada), timeout=10).entity.status == (
+        pb.CANONICAL)
+
+
+def test_entity_shows_the_first_surface_forms_and_json_shows_all(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture) -> None:
+    name = "graph attention network"
+    eid = _resolve(stub, name, "method").entity_id
+    forms = []
+    for bits in range(1, 26):  # 25 case forms, each first seen once: a surface form each
+        form = "".join(c.upper() if bits >> i & 1 else c for i, c in enumerate(name))
+        forms.append(form)
+        assert _resolve(stub, form, "method").match_kind == pb.CASE
+    stub.Resolve(pb.ResolveRequest(mention=name, entity_type="method", context_id="paper-1"),
+                 timeout=10)
+    capsys.readouterr()
+
+    assert _run(server, "entity", eid, "--forms", "3") == 0
+    out = capsys.readouterr().out
+    assert f"surface_forms: {' | '.join(forms[:3])}  ... and {len(forms) - 3} more" in out
+    assert "evidence:      1 resolves in 1 papers" in out
+
+    assert _run(server, "entity", eid, "--json") == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["surface_forms"] == forms and shown["status"] == "PROVISIONAL"
+
+    assert _run(server, "entity", "no-such-id") == 1
+    assert "NOT_FOUND" in capsys.readouterr().err
