@@ -98,8 +98,15 @@ def settle(args: argparse.Namespace) -> int:
     decision = {"same": pb.SAME, "distinct": pb.DISTINCT}[args.decision]
     reply = _call(args, "SettlePossiblySameAs", pb.SettlePossiblySameAsRequest(
         entity_id=args.entity_id, other_id=args.other_id, decision=decision,
-        actor=args.actor or getpass.getuser(), reason=args.reason), admin=True)
+        actor=args.actor or _login_name(), reason=args.reason), admin=True)
     return _show(args, reply.entity)
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError) as e:  # no login name (a container's numeric user)
+        raise InvalidArgument("no login name to record as the actor: give --actor") from e
 
 
 def merge(args: argparse.Namespace) -> int:

@@ -179,3 +179,17 @@ def test_entity_shows_the_first_surface_forms_and_json_shows_all(
 
     assert _run(server, "entity", "no-such-id") == 1
     assert "NOT_FOUND" in capsys.readouterr().err
+
+
+def test_settle_without_a_login_name_asks_for_the_actor(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    f1, f_1 = _weak_pair(stub, "F1", "F-1")
+
+    def no_login_name() -> str:
+        raise OSError("No username set in the environment")
+
+    monkeypatch.setattr(getpass, "getuser", no_login_name)
+    assert _admin(server, "settle", f1, f_1, "distinct", "--reason", "r") == 2
+    assert "give --actor" in capsys.readouterr().err
+    assert _open_links(stub) == {frozenset((f1, f_1))}
