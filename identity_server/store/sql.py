@@ -127,7 +127,8 @@ class SqlStore:
                 )
                 _configure_sqlite(self.engine, checkpoint_in_background=database is not None)
             else:
-                self.engine = create_engine(url, pool_pre_ping=True, pool_size=8)
+                self.engine = create_engine(url, pool_pre_ping=True, pool_size=8,
+                                            connect_args=_pg_bounds(url, busy_timeout_s))
             t.metadata.create_all(self.engine)
             if database is not None:
                 self._watch = _side_connection(database)
@@ -240,7 +241,7 @@ class SqlStore:
                 conn.info["write"] = write
                 with conn.begin():
                     if write:
-                        conn.execute(select(func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
+                        self._lock_pg(conn)
                     yield Tx(conn, self.is_sqlite)
         except DBAPIError as e:
             if e.connection_invalidated or isinstance(e.orig, _operational_errors()):
@@ -248,6 +249,19 @@ class SqlStore:
             raise
         except _operational_errors() as e:  # from a statement run on the driver's own cursor
             raise StoreUnavailable(f"identity store error: {e}") from e
+
+    def _lock_pg(self, conn: Connection) -> None:
+        """The advisory lock that serialises writes across replicas; waiting for it ends at the
+        busy timeout (lock_timeout: see _pg_bounds)."""
+        try:
+            conn.execute(select(func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
+        except OperationalError as e:
+            if getattr(e.orig, "sqlstate", None) != "55P03":  # lock_not_available
+                raise
+            raise StoreUnavailable(
+                f"another server process has held the store's write lock for more than "
+                f"{self._busy_timeout_s:g} s; try again (a process hung inside a transaction "
+                f"loses the lock after {PG_IDLE_IN_TRANSACTION_S} s)") from e
 
     def _begin_at_once(self, conn: Connection) -> RootTransaction:
         """BEGIN IMMEDIATE with no busy wait: WouldBlock when another connection writes (once
@@ -347,6 +361,36 @@ def _check_url(url: str) -> None:
                                    f"not postgres:// ({forms})")
     else:
         raise StoreUnavailable(f"unsupported store URL {_safe(url)}: {forms}")
+
+
+# PostgreSQL is a network service, so every wait on it is bounded, as SQLite's are by the busy
+# timeout: connecting, a server or a network that stops answering (TCP keepalives; unacknowledged
+# data), another replica's write lock (lock_timeout, the busy timeout), and a session that holds
+# it while doing nothing (a replica hung inside a transaction: PostgreSQL ends the session, so
+# the others go on). libpq parameters and server settings the URL gives itself are left alone.
+PG_CONNECT_TIMEOUT_S = 10
+PG_IDLE_IN_TRANSACTION_S = 60
+_PG_TCP = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+           "keepalives_count": 3, "tcp_user_timeout": 60_000}
+
+
+def _pg_bounds(url: str, busy_timeout_s: float) -> dict[str, Any]:
+    """psycopg connect arguments bounding every wait on the server (see above)."""
+    given = make_url(url).query
+    args: dict[str, Any] = {
+        name: value
+        for name, value in {"connect_timeout": PG_CONNECT_TIMEOUT_S, **_PG_TCP}.items()
+        if name not in given
+    }
+    options = given.get("options", "")
+    options = " ".join(options) if isinstance(options, tuple) else options
+    settings = {"lock_timeout": f"{max(1, round(busy_timeout_s * 1000))}ms",
+                "idle_in_transaction_session_timeout": f"{PG_IDLE_IN_TRANSACTION_S * 1000}ms"}
+    extra = " ".join(f"-c {name}={value}" for name, value in settings.items()
+                     if name not in options)
+    if extra:
+        args["options"] = f"{options} {extra}".strip()
+    return args
 
 
 def _sqlite_file(url: str) -> str | None:

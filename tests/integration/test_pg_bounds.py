@@ -1,0 +1,118 @@
+"""Every wait on PostgreSQL is bounded: connecting to a server that does not answer, another
+replica's write lock, and a replica hung inside a transaction while holding it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from identity_server.errors import StoreUnavailable
+from identity_server.store import sql
+from identity_server.store.sql import SqlStore
+
+
+def _outcome(work: Callable[[], Any], *, within_s: float) -> BaseException | None:
+    """What work raised (None: it returned), failing the test if it is still waiting after
+    within_s (it would wait forever without the bound under test)."""
+    got: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            work()
+            got.append(None)
+        except BaseException as e:  # handed to the test
+            got.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(within_s)
+    assert got, f"still waiting after {within_s} s"
+    return got[0]
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A port whose listener completes TCP connections but never says a word."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        yield listener.getsockname()[1]
+
+
+def test_a_server_that_never_answers_fails_the_store_within_the_connect_timeout(
+        silent_server: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sql, "PG_CONNECT_TIMEOUT_S", 2)
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{silent_server}/identity"
+    error = _outcome(lambda: SqlStore(url), within_s=30)
+    assert isinstance(error, StoreUnavailable)
+    assert "cannot open the identity store" in str(error) and "timeout expired" in str(error)
+
+
+def test_a_connect_timeout_in_the_url_is_the_users(silent_server: int) -> None:
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{silent_server}/identity?connect_timeout=2"
+    assert sql._pg_bounds(url, 60)["options"].endswith(  # the server settings are still ours
+        "-c lock_timeout=60000ms -c idle_in_transaction_session_timeout=60000ms")
+    assert "connect_timeout" not in sql._pg_bounds(url, 60)
+    assert isinstance(_outcome(lambda: SqlStore(url), within_s=30), StoreUnavailable)
+
+
+def _holding_the_write_lock(pg_url: str) -> psycopg.Connection[Any]:
+    """Another replica, inside a write transaction (SqlStore's advisory lock taken)."""
+    other = psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"))
+    other.execute("SELECT pg_advisory_xact_lock(%s)", (sql._PG_LOCK_KEY,))
+    return other
+
+
+def test_a_write_waiting_for_another_replicas_lock_gives_up_at_the_busy_timeout(
+        pg_url: str) -> None:
+    store = SqlStore(pg_url, busy_timeout_s=1)
+    other = _holding_the_write_lock(pg_url)
+    try:
+        def write() -> None:
+            with store.write() as tx:
+                tx.max_seq()
+
+        error = _outcome(write, within_s=30)
+        assert isinstance(error, StoreUnavailable)
+        assert "another server process has held the store's write lock for more than 1 s" in str(
+            error)
+        other.rollback()  # the lock is free again: the next write goes through
+        assert _outcome(write, within_s=30) is None
+    finally:
+        other.close()
+        store.close()
+
+
+def test_a_replica_hung_inside_a_transaction_loses_the_lock(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sql, "PG_IDLE_IN_TRANSACTION_S", 1)
+    hung, healthy = SqlStore(pg_url), SqlStore(pg_url, busy_timeout_s=20)
+    inside = threading.Event()
+
+    def hang_inside_a_write() -> None:
+        with hung.write():
+            inside.set()
+            time.sleep(4)  # holds the lock, doing nothing, past the idle timeout
+
+    try:
+        hanging = threading.Thread(target=_outcome, args=(hang_inside_a_write,),
+                                   kwargs={"within_s": 30}, daemon=True)
+        hanging.start()
+        assert inside.wait(10)
+
+        def write() -> None:
+            with healthy.write() as tx:
+                tx.max_seq()
+
+        assert _outcome(write, within_s=30) is None  # after ~1 s, not after the 4 s sleep
+        assert hanging.is_alive()  # the hung replica's sleep was still going on
+        hanging.join(30)
+    finally:
+        hung.close()
+        healthy.close()
