@@ -101,6 +101,11 @@ class SqlStore:
         self.is_sqlite = url.startswith("sqlite")
         self._busy_timeout_s = busy_timeout_s
         self._closing = False
+        # PostgreSQL connections waiting for the replicas' write lock (close() cancels the wait),
+        # and the write transactions under way (close() gives them time to finish).
+        self._waiting_for_lock: set[Any] = set()
+        self._pg_writes = 0
+        self._pg_writes_done = threading.Condition()
         self._watch: sqlite3.Connection | None = None
         self._wal_header: WalIndexHeader | None = None
         self._checkpointer: _Checkpointer | None = None
@@ -142,12 +147,17 @@ class SqlStore:
         write lock gives up within a quarter second. A write in progress gets a few seconds to
         finish; one still running then is left to fail on its own."""
         self._closing = True
+        for waiting in list(self._waiting_for_lock):
+            waiting.cancel()  # psycopg: thread-safe, asks the server to end the statement
         if self._checkpointer is not None:
             self._checkpointer.close()
         header, self._wal_header = self._wal_header, None
         if self._watch is not None:
             self._watch.close()
-        if self._writer_lock.acquire(timeout=_CLOSE_WAIT_S):
+        with self._pg_writes_done:
+            finished = self._pg_writes_done.wait_for(lambda: self._pg_writes == 0,
+                                                     timeout=_CLOSE_WAIT_S)
+        if finished and self._writer_lock.acquire(timeout=_CLOSE_WAIT_S):
             try:
                 self._drop_writer()
             finally:
@@ -237,12 +247,24 @@ class SqlStore:
                 finally:
                     self._writer_lock.release()
                 return
-            with self.engine.connect() as conn:
-                conn.info["write"] = write
-                with conn.begin():
-                    if write:
+            if not write:
+                with self.engine.connect() as conn:
+                    conn.info["write"] = False  # the pool's connections keep their info
+                    with conn.begin():
+                        yield Tx(conn, self.is_sqlite)
+                return
+            with self._pg_writes_done:
+                self._pg_writes += 1
+            try:
+                with self.engine.connect() as conn:
+                    conn.info["write"] = True
+                    with conn.begin():
                         self._lock_pg(conn)
-                    yield Tx(conn, self.is_sqlite)
+                        yield Tx(conn, self.is_sqlite)
+            finally:
+                with self._pg_writes_done:
+                    self._pg_writes -= 1
+                    self._pg_writes_done.notify_all()
         except DBAPIError as e:
             if e.connection_invalidated or isinstance(e.orig, _operational_errors()):
                 raise StoreUnavailable(f"identity store error: {e.orig}") from e
@@ -252,16 +274,24 @@ class SqlStore:
 
     def _lock_pg(self, conn: Connection) -> None:
         """The advisory lock that serialises writes across replicas; waiting for it ends at the
-        busy timeout (lock_timeout: see _pg_bounds)."""
+        busy timeout (lock_timeout: see _pg_bounds), or at once when the store closes."""
+        driver = conn.connection.driver_connection
+        self._waiting_for_lock.add(driver)
         try:
+            if self._closing:
+                raise StoreUnavailable("the identity store is closing")
             conn.execute(select(func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
         except OperationalError as e:
+            if self._closing:
+                raise StoreUnavailable("the identity store is closing") from e
             if getattr(e.orig, "sqlstate", None) != "55P03":  # lock_not_available
                 raise
             raise StoreUnavailable(
                 f"another server process has held the store's write lock for more than "
                 f"{self._busy_timeout_s:g} s; try again (a process hung inside a transaction "
                 f"loses the lock after {PG_IDLE_IN_TRANSACTION_S} s)") from e
+        finally:
+            self._waiting_for_lock.discard(driver)
 
     def _begin_at_once(self, conn: Connection) -> RootTransaction:
         """BEGIN IMMEDIATE with no busy wait: WouldBlock when another connection writes (once

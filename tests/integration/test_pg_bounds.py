@@ -69,6 +69,15 @@ def _holding_the_write_lock(pg_url: str) -> psycopg.Connection[Any]:
     return other
 
 
+def _waiting_for_an_advisory_lock(conn: psycopg.Connection[Any]) -> bool:
+    """Whether a session of the database waits for an advisory lock (seen from conn, which may
+    be inside a transaction: pg_locks is read afresh by every statement)."""
+    row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                       "AND NOT granted AND database = (SELECT oid FROM pg_database "
+                       "WHERE datname = current_database())").fetchone()
+    return bool(row and row[0])
+
+
 def test_a_write_waiting_for_another_replicas_lock_gives_up_at_the_busy_timeout(
         pg_url: str) -> None:
     store = SqlStore(pg_url, busy_timeout_s=1)
@@ -116,3 +125,27 @@ def test_a_replica_hung_inside_a_transaction_loses_the_lock(
     finally:
         hung.close()
         healthy.close()
+
+
+def test_closing_the_store_ends_a_wait_for_another_replicas_lock(pg_url: str) -> None:
+    store = SqlStore(pg_url, busy_timeout_s=60)
+    other = _holding_the_write_lock(pg_url)
+    try:
+        def write() -> None:
+            with store.write() as tx:
+                tx.max_seq()
+
+        waiting = threading.Thread(target=lambda: got.append(_outcome(write, within_s=60)),
+                                   daemon=True)
+        got: list[BaseException | None] = []
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while not _waiting_for_an_advisory_lock(other) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _waiting_for_an_advisory_lock(other), "the write never began to wait"
+        store.close()
+        waiting.join(10)  # well inside the 60 s lock timeout
+        assert got, "the write still waits for the lock after the store closed"
+        assert isinstance(got[0], StoreUnavailable) and "closing" in str(got[0])
+    finally:
+        other.close()
