@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -124,6 +125,10 @@ class SqlStore:
         self._writer_inside_ms = 0
         _check_url(url)
         database = _sqlite_file(url)  # None: PostgreSQL
+        if database is not None and not os.path.isdir(os.path.dirname(database) or "."):
+            raise StoreUnavailable(  # SQLite would say only "unable to open database file"
+                f"cannot open the identity store at {url}: the directory "
+                f"{os.path.dirname(database)!r} does not exist")
         try:
             if self.is_sqlite:
                 self.engine: Engine = create_engine(
@@ -140,7 +145,9 @@ class SqlStore:
                 self._wal_header = WalIndexHeader.open(database, self._watch)
                 self._checkpointer = _Checkpointer(database, checkpoint_every_s)
         except (SQLAlchemyError, sqlite3.Error) as e:
-            raise StoreUnavailable(f"cannot open the identity store at {_safe(url)}: {e}") from e
+            cause = e.orig if isinstance(e, DBAPIError) and e.orig is not None else e
+            raise StoreUnavailable(
+                f"cannot open the identity store at {_safe(url)}: {cause}") from e
 
     def close(self) -> None:
         """Close the store; no write starts after this, and one waiting for another process's

@@ -756,6 +756,21 @@ def test_a_store_url_that_cannot_work_is_refused_saying_what_to_write(
     assert "sqlite:///" in err or "postgresql://" in err  # what to write instead
 
 
+def test_a_store_in_a_directory_that_does_not_exist_is_refused_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SQLite says only "unable to open database file"."""
+    from identity_server.cli import main as cli_main
+
+    missing = tmp_path / "no-such-dir"
+    assert cli_main(["serve", "--port", "0", "--db", f"sqlite:///{missing}/identity.sqlite"]) == 2
+    assert f"the directory '{missing}' does not exist" in capsys.readouterr().err
+    (tmp_path / "a.jsonl").write_text('{"id": "Q1", "name": "Ada", "type": "person"}\n')
+    assert cli_main(["import", str(tmp_path / "a.jsonl"),
+                     "--db", f"sqlite:///{missing}/identity.sqlite"]) == 2
+    assert f"the directory '{missing}' does not exist" in capsys.readouterr().err
+    assert not missing.exists()
+
+
 def test_cli_import_reads_a_pipe_compressed_or_not(tmp_path: Path) -> None:
     """The first bytes are peeked at, not read: before, a pipe lost them to the look for a
     compressor's magic and the import read nothing, saying 'imported 0 records'."""
