@@ -154,16 +154,12 @@ class SqlStore:
         write lock gives up within a quarter second. A write in progress gets a few seconds to
         finish; one still running then is left to fail on its own."""
         self._closing = True
-        for waiting in list(self._waiting_for_lock):
-            waiting.cancel()  # psycopg: thread-safe, asks the server to end the statement
         if self._checkpointer is not None:
             self._checkpointer.close()
         header, self._wal_header = self._wal_header, None
         if self._watch is not None:
             self._watch.close()
-        with self._pg_writes_done:
-            finished = self._pg_writes_done.wait_for(lambda: self._pg_writes == 0,
-                                                     timeout=_CLOSE_WAIT_S)
+        finished = self._end_pg_writes()
         if finished and self._writer_lock.acquire(timeout=_CLOSE_WAIT_S):
             try:
                 self._drop_writer()
@@ -176,6 +172,21 @@ class SqlStore:
         self.engine.dispose()
         if header is not None:  # last: every connection of this store is closed
             header.close()
+
+    def _end_pg_writes(self) -> bool:
+        """Cancel PostgreSQL writes waiting for the replicas' lock (again each slice: one may
+        have been about to wait when the store began closing) and give those under way up to
+        _CLOSE_WAIT_S to finish; whether they all did."""
+        deadline = time.monotonic() + _CLOSE_WAIT_S
+        with self._pg_writes_done:
+            while self._pg_writes:
+                for waiting in list(self._waiting_for_lock):
+                    waiting.cancel()  # psycopg: thread-safe, asks the server to end the statement
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._pg_writes_done.wait(min(left, _WAIT_SLICE_S))
+        return True
 
     def commit_marker(self) -> bytes | None:
         """A value that changes whenever anything is committed, or None when the store cannot
