@@ -56,8 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    finally:
-        remote.close(args)
 
 
 def _parser() -> argparse.ArgumentParser:

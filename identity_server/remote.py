@@ -13,8 +13,9 @@ import getpass
 import json
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf import json_format
@@ -41,9 +42,10 @@ def add_connection_options(parser: argparse.ArgumentParser, *, admin: bool = Fal
 
 
 def resolve(args: argparse.Namespace) -> int:
-    reply = _call(args, "Resolve", pb.ResolveRequest(
-        mention=args.mention, entity_type=args.entity_type, context_id=args.context,
-        lookup_only=args.lookup_only))
+    with _server(args) as call:
+        reply = call("Resolve", pb.ResolveRequest(
+            mention=args.mention, entity_type=args.entity_type, context_id=args.context,
+            lookup_only=args.lookup_only))
     if args.json:
         return _print_json(reply)
     print(f"entity_id:    {reply.entity_id or '(none: lookup only)'}")
@@ -61,44 +63,37 @@ def resolve(args: argparse.Namespace) -> int:
 
 
 def entity(args: argparse.Namespace) -> int:
-    reply = _call(args, "GetEntity", pb.GetEntityRequest(entity_id=args.entity_id))
+    with _server(args) as call:
+        reply = call("GetEntity", pb.GetEntityRequest(entity_id=args.entity_id))
     return _show(args, reply.entity, forms=args.forms)
 
 
 def links(args: argparse.Namespace) -> int:
     """The open possibly_same_as links, each end with its name and type, oldest first."""
-    found, more = _links(args)
-    names: dict[str, pb.Entity | None] = {}
-
-    def end(entity_id: str) -> pb.Entity | None:
-        if entity_id not in names:
-            try:
-                names[entity_id] = _call(args, "GetEntity",
-                                         pb.GetEntityRequest(entity_id=entity_id)).entity
-            except grpc.RpcError as e:  # gone between the two calls: the id alone will do
-                if e.code() is not grpc.StatusCode.NOT_FOUND:
-                    raise
-                names[entity_id] = None
-        return names[entity_id]
-
+    with _server(args) as call:
+        found, more = _links(call, args.entity or "", args.limit)
+        ends: dict[str, pb.Entity] = {
+            i: call("GetEntity", pb.GetEntityRequest(entity_id=i)).entity
+            for link in found for i in (link.entity_id, link.other_id)}
     if args.json:
-        print(json.dumps([{"entity": _as_dict(end(link.entity_id)) or link.entity_id,
-                           "other": _as_dict(end(link.other_id)) or link.other_id,
+        print(json.dumps([{"entity": _as_dict(ends[link.entity_id]),
+                           "other": _as_dict(ends[link.other_id]),
                            "sequence": link.sequence} for link in found],
                          ensure_ascii=False, indent=2))
     else:
         for link in found:
-            print(f"{_label(link.entity_id, end(link.entity_id))}  ~  "
-                  f"{_label(link.other_id, end(link.other_id))}")
+            print(f"{_label(ends[link.entity_id])}  ~  {_label(ends[link.other_id])}")
         print(f"{len(found)} open links" + (" (more: raise --limit)" if more else ""))
     return 0
 
 
 def settle(args: argparse.Namespace) -> int:
     decision = {"same": pb.SAME, "distinct": pb.DISTINCT}[args.decision]
-    reply = _call(args, "SettlePossiblySameAs", pb.SettlePossiblySameAsRequest(
-        entity_id=args.entity_id, other_id=args.other_id, decision=decision,
-        actor=args.actor or _login_name(), reason=args.reason), admin=True)
+    actor = args.actor or _login_name()
+    with _server(args) as call:
+        reply = call("SettlePossiblySameAs", pb.SettlePossiblySameAsRequest(
+            entity_id=args.entity_id, other_id=args.other_id, decision=decision, actor=actor,
+            reason=args.reason), admin=True)
     return _show(args, reply.entity)
 
 
@@ -110,46 +105,49 @@ def _login_name() -> str:
 
 
 def merge(args: argparse.Namespace) -> int:
-    reply = _call(args, "Merge", pb.MergeRequest(source_id=args.source_id,
-                                                 target_id=args.target_id), admin=True)
+    with _server(args) as call:
+        reply = call("Merge", pb.MergeRequest(source_id=args.source_id,
+                                              target_id=args.target_id), admin=True)
     return _show(args, reply.entity)
 
 
 def promote(args: argparse.Namespace) -> int:
-    reply = _call(args, "Promote", pb.PromoteRequest(entity_id=args.entity_id), admin=True)
+    with _server(args) as call:
+        reply = call("Promote", pb.PromoteRequest(entity_id=args.entity_id), admin=True)
     return _show(args, reply.entity)
 
 
 def alias(args: argparse.Namespace) -> int:
-    reply = _call(args, "AddAlias", pb.AddAliasRequest(entity_id=args.entity_id,
-                                                       alias=args.alias), admin=True)
+    with _server(args) as call:
+        reply = call("AddAlias", pb.AddAliasRequest(entity_id=args.entity_id,
+                                                    alias=args.alias), admin=True)
     return _show(args, reply.entity)
 
 
 # -- calls -------------------------------------------------------------------------------------
 
-def _call(args: argparse.Namespace, method: str, request: Any, *, admin: bool = False) -> Any:
-    """One unary call with the command's deadline (and the admin token when admin); a channel
-    is opened once per command and kept on args."""
-    stub = getattr(args, "_stub", None)
-    if stub is None:
-        args._channel = _channel(args)
-        stub = args._stub = pb_grpc.IdentityServiceStub(args._channel)
-    metadata = _admin_metadata(args) if admin else ()
-    try:
-        return getattr(stub, method)(request, timeout=args.timeout, metadata=metadata)
-    except grpc.RpcError as e:
-        if admin and not metadata and e.code() is grpc.StatusCode.UNAUTHENTICATED:
-            raise InvalidArgument(f"{e.details()}: give the token with --admin-token or "
-                                  "IDENTITY_ADMIN_TOKEN") from e
-        raise
+class Call(Protocol):
+    def __call__(self, method: str, request: Any, *, admin: bool = False) -> Any: ...
 
 
-def close(args: argparse.Namespace) -> None:
-    """Close the command's channel, if it opened one."""
-    channel = getattr(args, "_channel", None)
-    if channel is not None:
-        channel.close()
+@contextmanager
+def _server(args: argparse.Namespace) -> Iterator[Call]:
+    """A channel to --server for one command, as a function making unary calls on it, each
+    with the command's deadline (and, when admin, the admin token)."""
+    with _channel(args) as channel:
+        stub = pb_grpc.IdentityServiceStub(channel)
+
+        def call(method: str, request: Any, *, admin: bool = False) -> Any:
+            metadata = _admin_metadata(args) if admin else ()
+            try:
+                return getattr(stub, method)(request, timeout=args.timeout, metadata=metadata)
+            except grpc.RpcError as e:
+                if admin and not metadata and e.code() is grpc.StatusCode.UNAUTHENTICATED:
+                    raise InvalidArgument(f"{e.details()}: give the token with --admin-token "
+                                          "or IDENTITY_ADMIN_TOKEN") from e
+                raise
+
+        yield call
 
 
 def _channel(args: argparse.Namespace) -> grpc.Channel:
@@ -170,15 +168,15 @@ def _admin_metadata(args: argparse.Namespace) -> Metadata:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-def _links(args: argparse.Namespace) -> tuple[list[pb.PossiblySameAsLink], bool]:
-    """Up to --limit links (0: all), page by page; and whether there are more."""
-    limit = args.limit or sys.maxsize
+def _links(call: Call, entity_id: str,
+           limit: int) -> tuple[list[pb.PossiblySameAsLink], bool]:
+    """Up to limit links (0: all), page by page; and whether there are more."""
+    limit = limit or sys.maxsize
     found: list[pb.PossiblySameAsLink] = []
     token = ""
     while len(found) < limit:
-        reply = _call(args, "ListPossiblySameAs", pb.ListPossiblySameAsRequest(
-            entity_id=args.entity or "", page_size=min(_PAGE, limit - len(found)),
-            page_token=token))
+        reply = call("ListPossiblySameAs", pb.ListPossiblySameAsRequest(
+            entity_id=entity_id, page_size=min(_PAGE, limit - len(found)), page_token=token))
         found.extend(reply.links)
         token = reply.next_page_token
         if not token:
@@ -200,12 +198,13 @@ def _show(args: argparse.Namespace, e: pb.Entity, *, forms: int = _FORMS_SHOWN) 
     print(f"type:          {e.entity_type}")
     if e.placeholder:
         print("placeholder:   yes (an ambiguous spelling's; only a curator merges or promotes it)")
-    for heading, values, shown in (("aliases", e.aliases, None),
-                                   ("surface_forms", e.surface_forms, forms or None)):
-        if values:
-            print(f"{heading + ':':<15}{' | '.join(_first(values, shown))}"
-                  + (f"  ... and {len(values) - shown} more (--forms 0: all)"
-                     if shown is not None and len(values) > shown else ""))
+    if e.aliases:
+        print(f"aliases:       {' | '.join(e.aliases)}")
+    if e.surface_forms:
+        shown = list(e.surface_forms[:forms] if forms else e.surface_forms)
+        more = len(e.surface_forms) - len(shown)
+        print(f"surface_forms: {' | '.join(shown)}"
+              + (f"  ... and {more} more (--forms 0: all)" if more else ""))
     if e.status == pb.MERGED:
         print("evidence:      moved with its names to the entity it redirects to")
     else:
@@ -213,17 +212,11 @@ def _show(args: argparse.Namespace, e: pb.Entity, *, forms: int = _FORMS_SHOWN) 
     return 0
 
 
-def _first(values: Any, n: int | None) -> Iterator[str]:
-    return iter(values if n is None else values[:n])
+def _label(e: pb.Entity) -> str:
+    return f"{e.entity_id} {e.name!r} [{e.entity_type}]"
 
 
-def _label(entity_id: str, e: pb.Entity | None) -> str:
-    return f"{entity_id} {e.name!r} [{e.entity_type}]" if e is not None else entity_id
-
-
-def _as_dict(message: Any) -> dict[str, Any] | None:
-    if message is None:
-        return None
+def _as_dict(message: Any) -> dict[str, Any]:
     as_dict: dict[str, Any] = json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     return as_dict

@@ -177,6 +177,13 @@ def test_entity_shows_the_first_surface_forms_and_json_shows_all(
     shown = json.loads(capsys.readouterr().out)
     assert shown["surface_forms"] == forms and shown["status"] == "PROVISIONAL"
 
+    assert _run(server, "entity", eid, "--forms", "0") == 0
+    assert f"surface_forms: {' | '.join(forms)}\n" in capsys.readouterr().out
+
+    assert _run(server, "resolve", forms[4], "--type", "method", "--json") == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert (resolved["entity_id"], resolved["match_kind"]) == (eid, "EXACT")
+
     assert _run(server, "entity", "no-such-id") == 1
     assert "NOT_FOUND" in capsys.readouterr().err
 
