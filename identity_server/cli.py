@@ -100,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
 
     links = sub.add_parser("links", help="list open possibly_same_as links (the review queue)")
     links.add_argument("--entity", help="only links touching this entity")
-    links.add_argument("--limit", type=_count, default=100, help="at most this many (default 100; 0: all)")
+    links.add_argument("--limit", type=_count, default=100,
+                       help="at most this many (default 100; 0: all)")
     remote.add_connection_options(links)
     links.set_defaults(run=remote.links)
 
