@@ -8,11 +8,16 @@ than the cap, refuses the record that holds it, not the rest of the file.
 
 from __future__ import annotations
 
+import bz2
 import codecs
 import csv
+import gzip
 import json
+import lzma
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from io import BufferedIOBase, BufferedReader
 from typing import TYPE_CHECKING
 
 from identity_server.errors import InvalidArgument
@@ -263,3 +268,30 @@ def _record(number: int, obj: Mapping[str, object], aliases: object) -> Authorit
         entity_type=str(obj["type"]),
         aliases=tuple(aliases),
     )
+
+
+READ_CHUNK = 1 << 16  # bytes read at a time
+# What reading an input on may raise: an unreadable file, compressed data corrupt or cut short.
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+
+
+@contextmanager
+def unpacked(raw: BufferedReader) -> Iterator[tuple[BufferedIOBase, str]]:
+    """raw's bytes, through its decompressor when its first bytes say gzip, bzip2 or xz, and
+    which of them ("" for none). The first bytes are peeked at, not read, so a pipe works too.
+    (ingest.read.open_input does the same for papers: the packages share no code.)"""
+    kind = next((kind for magic, kind in _MAGIC.items()
+                 if raw.peek(len(magic))[:len(magic)] == magic), "")
+    # Each closes only itself when given a file object; `raw` is closed by the caller.
+    if kind == "gzip":
+        with gzip.GzipFile(fileobj=raw, mode="rb") as unpacked:
+            yield unpacked, kind
+    elif kind == "bzip2":
+        with bz2.BZ2File(raw) as unpacked_bz2:
+            yield unpacked_bz2, kind
+    elif kind == "xz":
+        with lzma.LZMAFile(raw) as unpacked_xz:
+            yield unpacked_xz, kind
+    else:
+        yield raw, kind

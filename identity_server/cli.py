@@ -7,16 +7,12 @@ Settings come from flags, then `IDENTITY_*` environment variables, then defaults
 from __future__ import annotations
 
 import argparse
-import bz2
-import gzip
 import logging
-import lzma
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
-from io import BufferedReader
+from io import BufferedIOBase, BufferedReader
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from pydantic import ValidationError
@@ -24,9 +20,20 @@ from pydantic_settings import SettingsError
 from tqdm import tqdm
 
 from identity_server import remote
-from identity_server.authority import Line, TooLong, decode_lines, split_lines
+from identity_server.authority import (
+    READ_CHUNK,
+    READ_ERRORS,
+    Line,
+    TooLong,
+    decode_lines,
+    split_lines,
+    unpacked,
+)
 from identity_server.errors import IdentityError, InvalidArgument, StartupError
 from identity_server.settings import Settings, describe_settings_error
+
+if TYPE_CHECKING:
+    from identity_server.service import ImportReport
 
 logger = logging.getLogger("identity_server")
 
@@ -79,8 +86,16 @@ def _parser() -> argparse.ArgumentParser:
     imp = sub.add_parser("import", help="import an authority file (JSON Lines or CSV) into a store")
     imp.add_argument("file", type=Path,
                      help="JSON Lines or CSV (gzip, bzip2, xz too); - for standard input")
-    imp.add_argument("--db", dest="db_url", help="store URL (default sqlite:///identity.sqlite)")
+    into = imp.add_mutually_exclusive_group()
+    into.add_argument("--db", dest="db_url", help="store URL (default sqlite:///identity.sqlite)")
+    into.add_argument("--server", help="host:port of a running server: import through it "
+                                       "(ImportAuthority; admin)")
     imp.add_argument("--format", choices=["jsonl", "csv"], help="default: guessed from line 1")
+    imp.add_argument("--admin-token",
+                     help="with --server: its admin token (default: IDENTITY_ADMIN_TOKEN)")
+    imp.add_argument("--tls-ca", type=Path, help="with --server: PEM root certificates (TLS)")
+    imp.add_argument("--timeout", type=float, default=3600.0,
+                     help="with --server: deadline of the whole import, s (default 3600)")
     imp.set_defaults(run=_import)
 
     res = sub.add_parser("resolve", help="resolve one mention through a running server")
@@ -151,60 +166,52 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from identity_server.server import build_service
-
-    settings = _settings(args, "db_url")
     path = Path("/dev/stdin") if str(args.file) == "-" else args.file
-    try:  # before the index is built: a typo in the path costs nothing
+    try:  # before the store is opened: a typo in the path costs nothing
         raw = path.open("rb")
     except OSError as e:
         raise InvalidArgument(f"cannot read {args.file}: {e.strerror}") from e
     with raw:
-        service = build_service(settings)
-        try:
-            with _unpacked(raw) as (f, kind), tqdm(
-                unit=" records", desc="importing", disable=None, file=sys.stderr
-            ) as bar:
-                report = service.import_lines(_readable(f, args.file, kind), args.format,
-                                              progress=bar.update)
-        finally:
-            service.close()
+        if args.server:
+            with tqdm(unit="B", unit_scale=True, desc="sending", disable=None,
+                      file=sys.stderr) as bar:
+                report, broke_off = remote.import_stream(args, raw, bar.update)
+            _print_import(args.file, report)
+            if broke_off is not None:  # the lines before it were imported
+                raise InvalidArgument(f"{args.file}: {broke_off}; the lines before it were "
+                                      "imported (with their merges), the rest were not")
+            return 1 if report.errors else 0
+        report = _import_into_store(args, raw)
+    _print_import(args.file, report)
+    return 1 if report.errors else 0
+
+
+def _import_into_store(args: argparse.Namespace, raw: BufferedReader) -> ImportReport:
+    from identity_server.server import build_service
+
+    service = build_service(_settings(args, "db_url"))
+    try:
+        with unpacked(raw) as (f, kind), tqdm(
+            unit=" records", desc="importing", disable=None, file=sys.stderr
+        ) as bar:
+            return service.import_lines(_readable(f, args.file, kind), args.format,
+                                        progress=bar.update)
+    finally:
+        service.close()
+
+
+def _print_import(file: Path, report: Any) -> None:
+    """An import's report (the service's, or ImportAuthority's reply: the same fields)."""
     for refused in report.errors:
-        print(f"{args.file}:{refused.line}: {refused.message}", file=sys.stderr)
+        print(f"{file}:{refused.line}: {refused.message}", file=sys.stderr)
     print(
         f"imported {report.imported} records ({report.created} new, {report.updated} replaced); "
         f"merged {report.merged} provisional entities, linked {report.linked}; "
         f"refused {len(report.errors)} records"
     )
-    return 1 if report.errors else 0
 
 
-_READ_CHUNK = 1 << 16
-_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
-
-
-@contextmanager
-def _unpacked(raw: BufferedReader) -> Iterator[tuple[BinaryIO, str]]:
-    """raw's bytes, through its decompressor when its first bytes say gzip, bzip2 or xz, and
-    which of them ("" for none). The first bytes are peeked at, not read, so a pipe works too.
-    (ingest.read.open_input does the same for papers: the packages share no code.)"""
-    kind = next((kind for magic, kind in _MAGIC.items()
-                 if raw.peek(len(magic))[:len(magic)] == magic), "")
-    # Each closes only itself when given a file object; `raw` is closed by the caller.
-    if kind == "gzip":
-        with gzip.GzipFile(fileobj=raw, mode="rb") as unpacked:
-            yield cast(BinaryIO, unpacked), kind
-    elif kind == "bzip2":
-        with bz2.BZ2File(raw) as unpacked_bz2:
-            yield cast(BinaryIO, unpacked_bz2), kind
-    elif kind == "xz":
-        with lzma.LZMAFile(raw) as unpacked_xz:
-            yield cast(BinaryIO, unpacked_xz), kind
-    else:
-        yield raw, kind
-
-
-def _readable(f: BinaryIO, path: Path, kind: str) -> Iterator[Line]:
+def _readable(f: BufferedIOBase, path: Path, kind: str) -> Iterator[Line]:
     """f's lines, decoded one at a time (a line that is not UTF-8, or too long, refuses its
     record only); data that cannot be read on (compressed data cut short) ends the import with
     an error naming the line it broke off after (the records before it are kept, as the RPC
@@ -213,13 +220,13 @@ def _readable(f: BinaryIO, path: Path, kind: str) -> Iterator[Line]:
 
     def counted() -> Iterator[bytes | TooLong]:
         nonlocal number
-        for raw in split_lines(iter(lambda: f.read(_READ_CHUNK), b"")):
+        for raw in split_lines(iter(lambda: f.read1(READ_CHUNK), b"")):
             number += 1
             yield raw
 
     try:
         yield from decode_lines(counted())
-    except (OSError, EOFError, lzma.LZMAError) as e:
+    except READ_ERRORS as e:
         what = f"the {kind} data is corrupt or cut short" if kind else "cannot be read on"
         raise InvalidArgument(f"{path}: {what} after line {number} ({e})") from e
     except InvalidArgument as e:  # a UTF-16 file

@@ -1,8 +1,8 @@
 """The command line's client commands: each talks to a running server over gRPC.
 
-`resolve` a mention, look at an `entity`, work the curator's review queue (`links`, `settle`)
-and curate (`merge`, `promote`, `alias`) from a terminal, without hand-written gRPC calls or
-metadata. Every call has a deadline; admin calls present the admin token as the server expects
+`resolve` a mention, look at an `entity`, work the curator's review queue (`links`, `settle`),
+curate (`merge`, `promote`, `alias`) and `import --server` an authority file from a terminal,
+without hand-written gRPC calls or metadata. Every call has a deadline; admin calls present the admin token as the server expects
 it (`authorization: Bearer <token>`). `--json` prints what the server answered, for scripts.
 """
 
@@ -12,8 +12,9 @@ import argparse
 import getpass
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from io import BufferedReader
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +23,7 @@ from google.protobuf import json_format
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
+from identity_server.authority import MAX_LINE_BYTES, READ_CHUNK, READ_ERRORS, unpacked
 from identity_server.errors import InvalidArgument
 
 Metadata = tuple[tuple[str, str], ...]
@@ -122,6 +124,46 @@ def alias(args: argparse.Namespace) -> int:
         reply = call("AddAlias", pb.AddAliasRequest(entity_id=args.entity_id,
                                                     alias=args.alias), admin=True)
     return _show(args, reply.entity)
+
+
+_FORMATS = {None: pb.AUTHORITY_FORMAT_UNSPECIFIED, "jsonl": pb.AUTHORITY_FORMAT_JSONL,
+            "csv": pb.AUTHORITY_FORMAT_CSV}
+
+
+def import_stream(args: argparse.Namespace, raw: BufferedReader,
+                  progress: Callable[[int], object]) -> tuple[pb.ImportAuthorityResponse,
+                                                              str | None]:
+    """Stream an authority file (decompressed) to ImportAuthority; the server's reply, and
+    where reading broke off (compressed data cut short), if it did: then the server imports
+    the lines sent before, and the part of a line read so far is not sent, so no record is
+    imported cut short. `progress` is called with the bytes sent."""
+    broke_off: list[str] = []
+
+    def requests() -> Iterator[pb.ImportAuthorityRequest]:
+        yield pb.ImportAuthorityRequest(format=_FORMATS[args.format])
+        lines, pending = 0, bytearray()
+        with unpacked(raw) as (f, kind):
+            try:
+                for block in iter(lambda: f.read1(READ_CHUNK), b""):
+                    end = block.rfind(b"\n") + 1
+                    if not end and len(pending) + len(block) <= MAX_LINE_BYTES:
+                        pending += block  # a line longer than a block: wait for its end
+                        continue
+                    # Whole lines, or part of a line over the server's cap (which refuses it).
+                    data, pending = bytes(pending) + block[:end or None], bytearray(block[end:])
+                    lines += data.count(b"\n")
+                    progress(len(data))
+                    yield pb.ImportAuthorityRequest(data=data)
+                if pending:
+                    progress(len(pending))
+                    yield pb.ImportAuthorityRequest(data=bytes(pending))
+            except READ_ERRORS as e:
+                what = f"the {kind} data is corrupt or cut short" if kind else "cannot be read on"
+                broke_off.append(f"{what} after line {lines} ({e})")
+
+    with _server(args) as call:
+        reply: pb.ImportAuthorityResponse = call("ImportAuthority", requests(), admin=True)
+    return reply, (broke_off[0] if broke_off else None)
 
 
 # -- calls -------------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
 """The command line's client commands against a real server on a free port: the review queue
-(`links`, `settle`), curation (`merge`, `promote`, `alias`) and `entity`, checked both by what
-they print and by what the server holds afterwards."""
+(`links`, `settle`), curation (`merge`, `promote`, `alias`), `entity` and `import --server`,
+checked both by what they print and by what the server holds afterwards."""
 
 from __future__ import annotations
 
 import getpass
+import gzip
 import json
+from pathlib import Path
 
+import grpc
 import pytest
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
@@ -200,3 +203,56 @@ def test_settle_without_a_login_name_asks_for_the_actor(
     assert _admin(server, "settle", f1, f_1, "distinct", "--reason", "r") == 2
     assert "give --actor" in capsys.readouterr().err
     assert _open_links(stub) == {frozenset((f1, f_1))}
+
+
+def _entity(stub: pb_grpc.IdentityServiceStub, entity_id: str) -> pb.Entity | None:
+    try:
+        entity: pb.Entity = stub.GetEntity(pb.GetEntityRequest(entity_id=entity_id),
+                                           timeout=10).entity
+    except grpc.RpcError as e:
+        assert e.code() is grpc.StatusCode.NOT_FOUND
+        return None
+    return entity
+
+
+def test_import_through_a_running_server(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
+        tmp_path: Path) -> None:
+    provisional = _resolve(stub, "ada lovelace", "person").entity_id
+    authority = tmp_path / "authors.jsonl"
+    authority.write_text('{"id": "Q7259", "name": "Ada Lovelace", "type": "person", '
+                         '"aliases": ["Augusta Ada King"]}\n'
+                         '{"id": "Q2", "name": "", "type": "person"}\n', encoding="utf-8")
+
+    assert _admin(server, "import", str(authority)) == 1  # one record refused
+    captured = capsys.readouterr()
+    assert f"{authority}:2: empty name" in captured.err
+    assert ("imported 1 records (1 new, 0 replaced); merged 1 provisional entities, linked 0; "
+            "refused 1 records") in captured.out
+    ada = _entity(stub, "Q7259")
+    assert ada is not None and list(ada.aliases) == ["Augusta Ada King"]
+    merged = _entity(stub, provisional)
+    assert merged is not None and merged.redirect_to == "Q7259"
+
+    assert _run(server, "import", str(authority)) == 2  # admin: no token, no import
+    assert "IDENTITY_ADMIN_TOKEN" in capsys.readouterr().err
+
+
+def test_import_through_a_server_sends_no_line_cut_short(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
+        tmp_path: Path) -> None:
+    """A gzip file whose data breaks off inside a record: the whole lines before it are
+    imported, and the part of the record read so far is not (it would be a valid record with
+    an alias cut short)."""
+    whole = b"id,name,type,aliases\nQ1,Ada Lovelace,person,Countess of Lovelace\n"
+    part = b"Q2,Charles Babbage,person,Father of the Comp"  # "...uter" is lost with the rest
+    rest = gzip.compress(b"uter\nQ3,Alan Turing,person,\n")[:10]  # its header, no data
+    packed = tmp_path / "authority.csv.gz"
+    packed.write_bytes(gzip.compress(whole + part) + rest)
+
+    assert _admin(server, "import", str(packed)) == 2
+    captured = capsys.readouterr()
+    assert "the gzip data is corrupt or cut short after line 2" in captured.err
+    assert "imported 1 records (1 new, 0 replaced)" in captured.out
+    assert _entity(stub, "Q1") is not None
+    assert _entity(stub, "Q2") is None and _entity(stub, "Q3") is None
