@@ -2,8 +2,9 @@
 
 `resolve` a mention, look at an `entity`, work the curator's review queue (`links`, `settle`),
 curate (`merge`, `promote`, `alias`) and `import --server` an authority file from a terminal,
-without hand-written gRPC calls or metadata. Every call has a deadline; admin calls present the admin token as the server expects
-it (`authorization: Bearer <token>`). `--json` prints what the server answered, for scripts.
+without hand-written gRPC calls or metadata. Every call has a deadline; admin calls present the
+admin token as the server expects it (`authorization: Bearer <token>`). `--json` prints what
+the server answered, for scripts.
 """
 
 from __future__ import annotations
@@ -74,9 +75,9 @@ def links(args: argparse.Namespace) -> int:
     """The open possibly_same_as links, each end with its name and type, oldest first."""
     with _server(args) as call:
         found, more = _links(call, args.entity or "", args.limit)
+        ids = dict.fromkeys(i for link in found for i in (link.entity_id, link.other_id))
         ends: dict[str, pb.Entity] = {
-            i: call("GetEntity", pb.GetEntityRequest(entity_id=i)).entity
-            for link in found for i in (link.entity_id, link.other_id)}
+            i: call("GetEntity", pb.GetEntityRequest(entity_id=i)).entity for i in ids}
     if args.json:
         print(json.dumps([{"entity": _as_dict(ends[link.entity_id]),
                            "other": _as_dict(ends[link.other_id]),
@@ -149,8 +150,9 @@ def import_stream(args: argparse.Namespace, raw: BufferedReader,
                     if not end and len(pending) + len(block) <= MAX_LINE_BYTES:
                         pending += block  # a line longer than a block: wait for its end
                         continue
-                    # Whole lines, or part of a line over the server's cap (which refuses it).
-                    data, pending = bytes(pending) + block[:end or None], bytearray(block[end:])
+                    if not end:  # part of a line over the server's cap, which refuses it
+                        end = len(block)
+                    data, pending = bytes(pending) + block[:end], bytearray(block[end:])
                     lines += data.count(b"\n")
                     progress(len(data))
                     yield pb.ImportAuthorityRequest(data=data)

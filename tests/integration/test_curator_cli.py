@@ -256,3 +256,22 @@ def test_import_through_a_server_sends_no_line_cut_short(
     assert "imported 1 records (1 new, 0 replaced)" in captured.out
     assert _entity(stub, "Q1") is not None
     assert _entity(stub, "Q2") is None and _entity(stub, "Q3") is None
+
+
+def test_import_through_a_server_keeps_lines_whole_across_reads(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads of a few bytes, and a cap on what is held back below a line's length: every line
+    reaches the server whole, once, in order (the server's own cap is the real one)."""
+    monkeypatch.setattr(remote, "READ_CHUNK", 7)
+    monkeypatch.setattr(remote, "MAX_LINE_BYTES", 20)
+    records = [(f"Q{i}", f"Person Number {i} of the Test", f"P. N. {i}") for i in range(1, 6)]
+    authority = tmp_path / "people.csv"
+    authority.write_text("id,name,type,aliases\n" + "".join(
+        f"{i},{name},person,{alias}\n" for i, name, alias in records), encoding="utf-8")
+
+    assert _admin(server, "import", str(authority)) == 0
+    assert "imported 5 records (5 new, 0 replaced)" in capsys.readouterr().out
+    for i, name, alias in records:
+        got = _entity(stub, i)
+        assert got is not None and (got.name, list(got.aliases)) == (name, [alias])
