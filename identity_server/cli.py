@@ -171,18 +171,18 @@ def _import(args: argparse.Namespace) -> int:
         raw = path.open("rb")
     except OSError as e:
         raise InvalidArgument(f"cannot read {args.file}: {e.strerror}") from e
+    broke_off = None  # where reading broke off, for an import through a server
     with raw:
         if args.server:
             with tqdm(unit="B", unit_scale=True, desc="sending", disable=None,
                       file=sys.stderr) as bar:
                 report, broke_off = remote.import_stream(args, raw, bar.update)
-            _print_import(args.file, report)
-            if broke_off is not None:  # the lines before it were imported
-                raise InvalidArgument(f"{args.file}: {broke_off}; the lines before it were "
-                                      "imported (with their merges), the rest were not")
-            return 1 if report.errors else 0
-        report = _import_into_store(args, raw)
+        else:
+            report = _import_into_store(args, raw)
     _print_import(args.file, report)
+    if broke_off is not None:
+        raise InvalidArgument(f"{args.file}: {broke_off}; the lines before it were imported "
+                              "(with their merges), the rest were not")
     return 1 if report.errors else 0
 
 

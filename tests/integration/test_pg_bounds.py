@@ -17,9 +17,8 @@ from identity_server.store import sql
 from identity_server.store.sql import SqlStore
 
 
-def _outcome(work: Callable[[], Any], *, within_s: float) -> BaseException | None:
-    """What work raised (None: it returned), failing the test if it is still waiting after
-    within_s (it would wait forever without the bound under test)."""
+def _started(work: Callable[[], Any]) -> tuple[threading.Thread, list[BaseException | None]]:
+    """work on a thread of its own, and a list that gets what it raised (None: it returned)."""
     got: list[BaseException | None] = []
 
     def run() -> None:
@@ -31,6 +30,13 @@ def _outcome(work: Callable[[], Any], *, within_s: float) -> BaseException | Non
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
+    return thread, got
+
+
+def _outcome(work: Callable[[], Any], *, within_s: float) -> BaseException | None:
+    """What work raised (None: it returned), failing the test if it is still waiting after
+    within_s (it would wait forever without the bound under test)."""
+    thread, got = _started(work)
     thread.join(within_s)
     assert got, f"still waiting after {within_s} s"
     return got[0]
@@ -110,9 +116,7 @@ def test_a_replica_hung_inside_a_transaction_loses_the_lock(
             time.sleep(4)  # holds the lock, doing nothing, past the idle timeout
 
     try:
-        hanging = threading.Thread(target=_outcome, args=(hang_inside_a_write,),
-                                   kwargs={"within_s": 30}, daemon=True)
-        hanging.start()
+        hanging, hung_outcome = _started(hang_inside_a_write)
         assert inside.wait(10)
 
         def write() -> None:
@@ -122,6 +126,7 @@ def test_a_replica_hung_inside_a_transaction_loses_the_lock(
         assert _outcome(write, within_s=30) is None  # after ~1 s, not after the 4 s sleep
         assert hanging.is_alive()  # the hung replica's sleep was still going on
         hanging.join(30)
+        assert isinstance(hung_outcome[0], StoreUnavailable)  # its session ended under it
     finally:
         hung.close()
         healthy.close()
@@ -135,10 +140,7 @@ def test_closing_the_store_ends_a_wait_for_another_replicas_lock(pg_url: str) ->
             with store.write() as tx:
                 tx.max_seq()
 
-        waiting = threading.Thread(target=lambda: got.append(_outcome(write, within_s=60)),
-                                   daemon=True)
-        got: list[BaseException | None] = []
-        waiting.start()
+        waiting, got = _started(write)
         deadline = time.monotonic() + 10
         while not _waiting_for_an_advisory_lock(other) and time.monotonic() < deadline:
             time.sleep(0.01)
