@@ -138,7 +138,8 @@ class SqlStore:
                 _configure_sqlite(self.engine, checkpoint_in_background=database is not None)
             else:
                 self.engine = create_engine(url, pool_pre_ping=True, pool_size=8,
-                                            connect_args=_pg_bounds(url, busy_timeout_s))
+                                            connect_args=_pg_connect_args(url))
+                _configure_postgres(self.engine, _pg_session_settings(url, busy_timeout_s))
             t.metadata.create_all(self.engine)
             if database is not None:
                 self._watch = _side_connection(database)
@@ -292,7 +293,7 @@ class SqlStore:
 
     def _lock_pg(self, conn: Connection) -> None:
         """The advisory lock that serialises writes across replicas; waiting for it ends at the
-        busy timeout (lock_timeout: see _pg_bounds), or at once when the store closes."""
+        busy timeout (lock_timeout: see _pg_session_settings), or at once when the store closes."""
         driver = conn.connection.driver_connection
         self._waiting_for_lock.add(driver)
         try:
@@ -415,30 +416,45 @@ def _check_url(url: str) -> None:
 # timeout: connecting, a server or a network that stops answering (TCP keepalives; unacknowledged
 # data), another replica's write lock (lock_timeout, the busy timeout), and a session that holds
 # it while doing nothing (a replica hung inside a transaction: PostgreSQL ends the session, so
-# the others go on). libpq parameters and server settings the URL gives itself are left alone.
+# the others go on). The first are libpq's own parameters; the last two are set by a statement
+# on each new connection rather than as startup options, which a pooler such as PgBouncer
+# refuses. Whatever the URL sets itself (a parameter, or `options=-c name=value`) is left alone.
 PG_CONNECT_TIMEOUT_S = 10
 PG_IDLE_IN_TRANSACTION_S = 60
 _PG_TCP = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
            "keepalives_count": 3, "tcp_user_timeout": 60_000}
 
 
-def _pg_bounds(url: str, busy_timeout_s: float) -> dict[str, Any]:
-    """psycopg connect arguments bounding every wait on the server (see above)."""
+def _pg_connect_args(url: str) -> dict[str, Any]:
+    """libpq parameters bounding connecting and a silent peer, unless the URL sets them."""
     given = make_url(url).query
-    args: dict[str, Any] = {
-        name: value
-        for name, value in {"connect_timeout": PG_CONNECT_TIMEOUT_S, **_PG_TCP}.items()
-        if name not in given
-    }
-    options = given.get("options", "")
+    return {name: value
+            for name, value in {"connect_timeout": PG_CONNECT_TIMEOUT_S, **_PG_TCP}.items()
+            if name not in given}
+
+
+def _pg_session_settings(url: str, busy_timeout_s: float) -> dict[str, str]:
+    """Server settings bounding lock waits and idle transactions, unless the URL's options
+    set them."""
+    options = make_url(url).query.get("options", "")
     options = " ".join(options) if isinstance(options, tuple) else options
     settings = {"lock_timeout": f"{max(1, round(busy_timeout_s * 1000))}ms",
                 "idle_in_transaction_session_timeout": f"{PG_IDLE_IN_TRANSACTION_S * 1000}ms"}
-    extra = " ".join(f"-c {name}={value}" for name, value in settings.items()
-                     if name not in options)
-    if extra:
-        args["options"] = f"{options} {extra}".strip()
-    return args
+    return {name: value for name, value in settings.items() if name not in options}
+
+
+def _configure_postgres(engine: Engine, settings: dict[str, str]) -> None:
+    """Each new connection gets `settings` for its session (committed: a SET inside a
+    transaction that rolls back would be undone)."""
+    if not settings:
+        return
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        with dbapi_conn.cursor() as cur:
+            for name, value in settings.items():
+                cur.execute("SELECT set_config(%s, %s, false)", (name, value))
+        dbapi_conn.commit()
 
 
 def _sqlite_file(url: str) -> str | None:

@@ -62,9 +62,8 @@ def test_a_server_that_never_answers_fails_the_store_within_the_connect_timeout(
 
 def test_a_connect_timeout_in_the_url_is_the_users(silent_server: int) -> None:
     url = f"postgresql+psycopg://postgres@127.0.0.1:{silent_server}/identity?connect_timeout=2"
-    assert sql._pg_bounds(url, 60)["options"].endswith(  # the server settings are still ours
-        "-c lock_timeout=60000ms -c idle_in_transaction_session_timeout=60000ms")
-    assert "connect_timeout" not in sql._pg_bounds(url, 60)
+    assert "connect_timeout" not in sql._pg_connect_args(url)
+    assert sql._pg_connect_args(url)["tcp_user_timeout"] == 60_000  # the others are still ours
     assert isinstance(_outcome(lambda: SqlStore(url), within_s=30), StoreUnavailable)
 
 
@@ -102,6 +101,24 @@ def test_a_write_waiting_for_another_replicas_lock_gives_up_at_the_busy_timeout(
     finally:
         other.close()
         store.close()
+
+
+def test_the_sessions_get_the_bounds_unless_the_url_sets_them(pg_url: str) -> None:
+    """Set by a statement on each connection, not as startup options (a pooler such as
+    PgBouncer refuses those); a lock_timeout the URL's options give wins."""
+    ours = SqlStore(pg_url, busy_timeout_s=1.5)
+    users = SqlStore(pg_url + "%20-c%20lock_timeout%3D7s", busy_timeout_s=1.5)
+    try:
+        for store, lock_timeout in ((ours, "1500ms"), (users, "7s")):
+            for _ in range(2):  # a read's rollback keeps them: they were committed
+                with store.read() as tx:
+                    row = tx.conn.exec_driver_sql(
+                        "SELECT current_setting('lock_timeout'), "
+                        "current_setting('idle_in_transaction_session_timeout')").one()
+                assert tuple(row) == (lock_timeout, "1min")
+    finally:
+        ours.close()
+        users.close()
 
 
 def test_a_replica_hung_inside_a_transaction_loses_the_lock(
