@@ -257,7 +257,10 @@ def _show(args: argparse.Namespace, e: pb.Entity, *, forms: int = _FORMS_SHOWN) 
 
 
 def _label(e: pb.Entity) -> str:
-    return f"{e.entity_id} {e.name!r} [{e.entity_type}]"
+    """`id 'name' [type, status]`, placeholders marked: what a curator needs to judge a link."""
+    status = pb.EntityStatus.Name(e.status).lower()
+    return (f"{e.entity_id} {e.name!r} [{e.entity_type}, {status}"
+            f"{' placeholder' if e.placeholder else ''}]")
 
 
 def _as_dict(message: Any) -> dict[str, Any]:

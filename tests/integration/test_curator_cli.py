@@ -56,8 +56,8 @@ def test_links_lists_the_review_queue_with_each_end_named(
 
     assert _run(server, "links") == 0
     out = capsys.readouterr().out.splitlines()
-    assert out == [f"{f1} 'F1' [metric]  ~  {f_1} 'F-1' [metric]",
-                   f"{mt} 'MT' [metric]  ~  {mt_dot} 'MT.' [metric]",
+    assert out == [f"{f1} 'F1' [metric, provisional]  ~  {f_1} 'F-1' [metric, provisional]",
+                   f"{mt} 'MT' [metric, provisional]  ~  {mt_dot} 'MT.' [metric, provisional]",
                    "2 open links"]
 
     assert _run(server, "links", "--entity", mt_dot) == 0
@@ -67,6 +67,27 @@ def test_links_lists_the_review_queue_with_each_end_named(
     listed = json.loads(capsys.readouterr().out)
     assert [(x["entity"]["entity_id"], x["other"]["name"]) for x in listed] == [
         (f1, "F-1"), (mt, "MT.")]
+
+
+def test_links_marks_canonical_entities_and_placeholders(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
+        tmp_path: Path) -> None:
+    authority = tmp_path / "a.jsonl"
+    authority.write_text('{"id": "Q1", "name": "Maria Gendor", "type": "person"}\n'
+                         '{"id": "Q2", "name": "Maria Gendar", "type": "person"}\n',
+                         encoding="utf-8")
+    assert _admin(server, "import", str(authority)) == 0
+    placeholder = _resolve(stub, "Maria Gendir", "person")  # a typo of both: ambiguous
+    assert placeholder.match_kind == pb.AMBIGUOUS
+    capsys.readouterr()
+
+    assert _run(server, "links") == 0
+    out = capsys.readouterr().out.splitlines()
+    pid = placeholder.entity_id
+    assert sorted(out[:-1]) == [  # a link is an unordered pair, shown in id order
+        f"{q} 'Maria {name}' [person, canonical]  ~  "
+        f"{pid} 'Maria Gendir' [person, provisional placeholder]"
+        for q, name in (("Q1", "Gendor"), ("Q2", "Gendar"))]
 
 
 def test_links_pages_through_the_queue_up_to_the_limit(
