@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--admin-token",
                      help="with --server: its admin token (default: IDENTITY_ADMIN_TOKEN)")
     imp.add_argument("--tls-ca", type=Path, help="with --server: PEM root certificates (TLS)")
-    imp.add_argument("--timeout", type=float, default=3600.0,
+    imp.add_argument("--timeout", type=remote.seconds, default=3600.0,
                      help="with --server: deadline of the whole import, s (default 3600)")
     imp.set_defaults(run=_import)
 

@@ -35,13 +35,24 @@ _FORMS_SHOWN = 20  # surface forms printed by default: a much-mentioned entity h
 def add_connection_options(parser: argparse.ArgumentParser, *, admin: bool = False) -> None:
     """--server, --timeout, --tls-ca and --json; and --admin-token for admin commands."""
     parser.add_argument("--server", default="127.0.0.1:50051", help="host:port of the server")
-    parser.add_argument("--timeout", type=float, default=10.0, help="deadline of each call, s")
+    parser.add_argument("--timeout", type=seconds, default=10.0, help="deadline of each call, s")
     parser.add_argument("--tls-ca", type=Path,
                         help="PEM root certificates: talk TLS (to a server run with --tls-cert)")
     parser.add_argument("--json", action="store_true", help="print the reply as JSON")
     if admin:
         parser.add_argument("--admin-token",
                             help="the server's admin token (default: IDENTITY_ADMIN_TOKEN)")
+
+
+def seconds(text: str) -> float:
+    """A deadline in seconds, more than 0 and finite, for argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 and finite (got {text})")
+    return value
 
 
 def resolve(args: argparse.Namespace) -> int:

@@ -296,3 +296,13 @@ def test_import_through_a_server_keeps_lines_whole_across_reads(
     for i, name, alias in records:
         got = _entity(stub, i)
         assert got is not None and (got.name, list(got.aliases)) == (name, [alias])
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf", "soon"])
+def test_a_deadline_that_cannot_work_is_refused_naming_the_flag(
+        timeout: str, capsys: CaptureFixture) -> None:
+    for argv in (["entity", "Q1"], ["import", "-", "--server", "127.0.0.1:1"]):
+        with pytest.raises(SystemExit) as exited:
+            cli.main([*argv, "--timeout", timeout])
+        assert exited.value.code == 2
+        assert "argument --timeout:" in capsys.readouterr().err
