@@ -55,7 +55,8 @@ class Settings(BaseSettings):
     tls_cert: str | None = Field(default=None, description="PEM certificate file: enables TLS.")
     tls_key: str | None = Field(default=None, description="PEM private key file for TLS.")
     max_workers: int = Field(default=16, ge=1, description="Threads for calls that may wait on the store.")
-    grace_seconds: float = Field(default=5.0, ge=0, description="Shutdown grace period.")
+    grace_seconds: float = Field(default=5.0, ge=0, allow_inf_nan=False,
+                                 description="Shutdown grace period.")
 
 
 def describe_settings_error(error: ValueError, env_prefix: str = "IDENTITY_") -> str:

@@ -38,9 +38,11 @@ class Settings(BaseSettings):
         description="Papers in flight; unset: 8 with --server, 1 with the embedded server "
         "(which shares this process, so more threads only contend).",
     )
-    deadline_seconds: float = Field(default=10.0, gt=0, description="Deadline of each RPC.")
+    deadline_seconds: float = Field(default=10.0, gt=0, allow_inf_nan=False,
+                                    description="Deadline of each RPC.")
     retry_budget_seconds: float = Field(
-        default=120.0, ge=0, description="How long to retry UNAVAILABLE / DEADLINE_EXCEEDED."
+        default=120.0, ge=0, allow_inf_nan=False,
+        description="How long to retry UNAVAILABLE / DEADLINE_EXCEEDED."
     )
     max_line_bytes: int = Field(default=16 * 1024 * 1024, ge=1, description="Line cap.")
     max_mention_chars: int = Field(default=512, ge=1, description="Mention text cap.")

@@ -720,6 +720,11 @@ def test_cli_serve_says_what_is_wrong_with_its_settings_and_exits_non_zero(
     assert cli_main(["serve", "--port", "0", *db]) == 2
     assert "strict_types (IDENTITY_STRICT_TYPES)" in capsys.readouterr().err
     monkeypatch.delenv("IDENTITY_STRICT_TYPES")
+    monkeypatch.setenv("IDENTITY_GRACE_SECONDS", "nan")
+    assert cli_main(["serve", "--port", "0", *db]) == 2
+    assert "grace_seconds (IDENTITY_GRACE_SECONDS): Input should be a finite number" in (
+        capsys.readouterr().err)
+    monkeypatch.delenv("IDENTITY_GRACE_SECONDS")
     assert cli_main(["serve", "--port", "0", "--tls-cert", str(tmp_path / "no.pem"), *db]) == 1
     assert "TLS needs both --tls-cert and --tls-key" in capsys.readouterr().err
     assert cli_main(["serve", "--port", "0", "--tls-cert", str(tmp_path / "no.pem"),
