@@ -1,5 +1,5 @@
-"""`identity-server`: serve, import an authority file; resolve, inspect and curate through a
-running server (remote.py).
+"""`identity-server`: serve, import an authority file, or resolve, inspect and curate through a
+running server.
 
 Settings come from flags, then `IDENTITY_*` environment variables, then defaults (settings.py).
 """
@@ -83,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", help="PEM private key")
     serve.set_defaults(run=_serve)
 
-    imp = sub.add_parser("import", help="import an authority file (JSON Lines or CSV) into a store")
+    imp = sub.add_parser("import", help="import an authority file (JSON Lines or CSV) into a "
+                                        "store, or through a running server")
     imp.add_argument("file", type=Path,
                      help="JSON Lines or CSV (gzip, bzip2, xz too); - for standard input")
     into = imp.add_mutually_exclusive_group()
