@@ -236,7 +236,7 @@ def cmd_stats(settings: Settings, top: int) -> int:
     assert settings.db is not None
     if not settings.db.exists():
         raise SinkError(f"graph database {settings.db} does not exist")
-    with GraphSink(settings.db) as sink:
+    with GraphSink(settings.db, read_only=True) as sink:
 
         def one(sql: str) -> Any:
             return sink.query(sql)[0][0]

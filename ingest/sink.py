@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -159,6 +160,9 @@ CREATE OR REPLACE VIEW entities AS
     FROM seen JOIN named USING (resolved_id) JOIN typed USING (resolved_id)
     GROUP BY seen.resolved_id;
 """
+# The tables and views SCHEMA_SQL makes: a graph opened read-only must have them all.
+_SCHEMA_NAMES = tuple(re.findall(r"CREATE (?:TABLE IF NOT EXISTS|OR REPLACE VIEW) (\w+)",
+                                 SCHEMA_SQL))
 
 # Spans arrive as ``Span`` named tuples (or None), which Arrow reads as this struct as they are.
 _SPAN_TYPE = pa.struct([("start", pa.int64()), ("end", pa.int64())])
@@ -313,16 +317,38 @@ def _refuse_sqlite(path: Path) -> None:
 class GraphSink:
     """The one writer of one DuckDB file. Not thread-safe: use it from one thread."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        """Open (creating its tables) the graph at path; read_only: open an existing graph
+        without writing anything (refusing a DuckDB file that ingest did not write)."""
         self.path = str(path)
         _refuse_sqlite(Path(path))
         try:
-            self._con = duckdb.connect(self.path)
+            self._con = duckdb.connect(self.path, read_only=read_only)
+        except duckdb.Error as e:
+            raise SinkError(f"cannot open graph database {self.path}: {e}") from e
+        try:
+            if read_only:
+                tables = {r[0] for r in self._con.execute(
+                    "SELECT table_name FROM information_schema.tables").fetchall()}
+                if "schema_info" not in tables:
+                    raise SinkError(f"{self.path} is not a graph database written by ingest "
+                                    "(it has no schema_info table)")
+                missing = sorted(set(_SCHEMA_NAMES) - tables)
+                if missing:
+                    raise SinkError(
+                        f"{self.path} was written by an older ingest (it lacks "
+                        f"{', '.join(missing)}): `ingest sync --db {self.path}` brings it "
+                        "up to date")
+                return
             self._con.execute(SCHEMA_SQL)
             if not self._con.execute("SELECT count(*) FROM schema_info").fetchall()[0][0]:
                 self._con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
         except duckdb.Error as e:
+            self._con.close()
             raise SinkError(f"cannot open graph database {self.path}: {e}") from e
+        except SinkError:
+            self._con.close()
+            raise
 
     def close(self) -> None:
         self._con.close()

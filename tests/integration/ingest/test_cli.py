@@ -419,6 +419,29 @@ def test_stats_top_must_be_a_whole_number_of_zero_or_more(
         assert f"argument --top: {says}" in capsys.readouterr().err
 
 
+def test_stats_reads_without_writing_and_refuses_a_database_ingest_did_not_write(
+        tmp_path: Path, stub: StubServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """stats created ingest's thirteen tables and views in whatever DuckDB file it was given."""
+    import duckdb
+
+    other = tmp_path / "analytics.duckdb"
+    with duckdb.connect(str(other)) as con:
+        con.execute("CREATE TABLE sales (amount INTEGER)")
+    assert main(["stats", "--db", str(other)]) == 1
+    assert "is not a graph database written by ingest" in capsys.readouterr().err
+    with duckdb.connect(str(other), read_only=True) as con:
+        assert con.execute("SELECT table_name FROM information_schema.tables").fetchall() == [
+            ("sales",)]
+
+    graph = tmp_path / "graph.duckdb"
+    assert main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(graph), "--server",
+                 stub.address, "--no-progress"]) == 0
+    capsys.readouterr()
+    with duckdb.connect(str(graph), read_only=True):  # another reader meanwhile: stats reads too
+        assert main(["stats", "--db", str(graph)]) == 0
+    assert "papers:          200" in capsys.readouterr().out
+
+
 def test_a_file_name_that_is_not_utf8_is_stored_escaped_and_reruns_match(
         tmp_path: Path, stub: StubServer, capsys: pytest.CaptureFixture[str]) -> None:
     """A Latin-1 file name (b'caf\\xe9.jsonl') ended the job with a UnicodeEncodeError when its
