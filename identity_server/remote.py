@@ -219,7 +219,8 @@ def _channel(args: argparse.Namespace) -> grpc.Channel:
 def _admin_metadata(args: argparse.Namespace) -> Metadata:
     from identity_server.settings import Settings  # IDENTITY_ADMIN_TOKEN when no flag
 
-    token = args.admin_token or Settings().admin_token
+    given = {"admin_token": args.admin_token} if args.admin_token else {}
+    token = Settings(**given).admin_token  # checked as the server checks its own
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 

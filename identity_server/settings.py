@@ -6,7 +6,9 @@ or by the matching command-line flag, which wins.
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationError
+import re
+
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_TYPES: tuple[str, ...] = (
@@ -50,13 +52,26 @@ class Settings(BaseSettings):
         default=7 * 24 * 3600, ge=0, description="How long ResolveBatch replies are kept."
     )
     admin_token: str | None = Field(
-        default=None, description="Bearer token for admin RPCs; unset: admin RPCs are refused."
+        default=None, description="Bearer token for admin RPCs; unset: admin RPCs are refused.",
     )
     tls_cert: str | None = Field(default=None, description="PEM certificate file: enables TLS.")
     tls_key: str | None = Field(default=None, description="PEM private key file for TLS.")
     max_workers: int = Field(default=16, ge=1, description="Threads for calls that may wait on the store.")
     grace_seconds: float = Field(default=5.0, ge=0, allow_inf_nan=False,
                                  description="Shutdown grace period.")
+
+    @field_validator("admin_token")
+    @classmethod
+    def _header_safe(cls, token: str | None) -> str | None:
+        """The token travels in a gRPC header (`authorization: Bearer <token>`), which takes
+        visible ASCII only: any other token could never be presented."""
+        if token is not None and not re.fullmatch(r"[\x21-\x7e]+", token):
+            raise ValueError("must be visible ASCII characters, with no spaces or accents "
+                             "(it is sent in a gRPC header)")
+        return token
+
+
+_SECRET = re.compile("token|password|secret")
 
 
 def describe_settings_error(error: ValueError, env_prefix: str = "IDENTITY_") -> str:
@@ -66,8 +81,8 @@ def describe_settings_error(error: ValueError, env_prefix: str = "IDENTITY_") ->
         clauses = []
         for e in error.errors(include_url=False):
             field = ".".join(str(part) for part in e["loc"]) or "settings"
-            clauses.append(f"{field} ({env_prefix}{field.upper()}): {e['msg']} "
-                           f"(got {e.get('input')!r})")
+            given = "***" if _SECRET.search(field) else repr(e.get("input"))  # not in a log
+            clauses.append(f"{field} ({env_prefix}{field.upper()}): {e['msg']} (got {given})")
         return "; ".join(clauses)
     cause = error.__cause__
     return f"{error}: {cause}" if cause else str(error)

@@ -6,6 +6,7 @@ or by the matching command-line flag, which wins.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import Field, field_validator
@@ -54,6 +55,16 @@ class Settings(BaseSettings):
     )
     group_papers: int = Field(default=500, ge=1, description="Papers per write transaction.")
     progress: bool = Field(default=True, description="Show a progress bar on stderr.")
+
+    @field_validator("admin_token")
+    @classmethod
+    def _header_safe(cls, token: str | None) -> str | None:
+        """The token travels in a gRPC header (`authorization: Bearer <token>`), which takes
+        visible ASCII only: any other token could never be presented."""
+        if token is not None and not re.fullmatch(r"[\x21-\x7e]+", token):
+            raise ValueError("must be visible ASCII characters, with no spaces or accents "
+                             "(it is sent in a gRPC header)")
+        return token
 
     @field_validator("server")
     @classmethod

@@ -173,6 +173,10 @@ def test_admin_commands_without_the_token_say_how_to_give_it(
     assert stub.GetEntity(pb.GetEntityRequest(entity_id=ada), timeout=10).entity.status == (
         pb.PROVISIONAL)
 
+    assert _run(server, "promote", ada, "--admin-token", "sëcret") == 2  # cannot be a header
+    err = capsys.readouterr().err
+    assert "must be visible ASCII" in err and "sëcret" not in err
+
     monkeypatch.setenv("IDENTITY_ADMIN_TOKEN", ADMIN_TOKEN)
     assert _run(server, "promote", ada) == 0
     assert stub.GetEntity(pb.GetEntityRequest(entity_id=ada), timeout=10).entity.status == (

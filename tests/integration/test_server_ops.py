@@ -725,6 +725,12 @@ def test_cli_serve_says_what_is_wrong_with_its_settings_and_exits_non_zero(
     assert "grace_seconds (IDENTITY_GRACE_SECONDS): Input should be a finite number" in (
         capsys.readouterr().err)
     monkeypatch.delenv("IDENTITY_GRACE_SECONDS")
+    monkeypatch.setenv("IDENTITY_ADMIN_TOKEN", "sëcret token")  # no client could send it
+    assert cli_main(["serve", "--port", "0", *db]) == 2
+    err = capsys.readouterr().err
+    assert "admin_token (IDENTITY_ADMIN_TOKEN): Value error, must be visible ASCII" in err
+    assert "sëcret" not in err and "(got ***)" in err
+    monkeypatch.delenv("IDENTITY_ADMIN_TOKEN")
     assert cli_main(["serve", "--port", "0", "--tls-cert", str(tmp_path / "no.pem"), *db]) == 1
     assert "TLS needs both --tls-cert and --tls-key" in capsys.readouterr().err
     assert cli_main(["serve", "--port", "0", "--tls-cert", str(tmp_path / "no.pem"),

@@ -331,13 +331,17 @@ def test_bad_settings_exit_2_naming_the_setting(
     assert exited.value.code == 2
     assert ("invalid setting: concurrency (INGEST_CONCURRENCY): Input should be greater than or "
             "equal to 1 (got 0)") in capsys.readouterr().err
-    for name, value in (("INGEST_DEADLINE_SECONDS", "inf"),
-                        ("INGEST_RETRY_BUDGET_SECONDS", "nan")):
-        monkeypatch.setenv(name, value)  # a deadline that never ends: every call failed at once
+    for name, value, says in (
+            ("INGEST_DEADLINE_SECONDS", "inf", "Input should be a finite number"),
+            ("INGEST_RETRY_BUDGET_SECONDS", "nan", "Input should be a finite number"),
+            ("INGEST_ADMIN_TOKEN", "sëcret token", "must be visible ASCII characters")):
+        monkeypatch.setenv(name, value)  # inf: every call failed at once, and was retried
         with pytest.raises(SystemExit) as exited:
             main(args)
         assert exited.value.code == 2
-        assert f"({name}): Input should be a finite number" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert f"({name}): " in err and says in err
+        assert "sëcret" not in err  # a token is never echoed
         monkeypatch.delenv(name)
     monkeypatch.setenv("IDENTITY_STRICT_TYPES", "maybe")  # read by the embedded server
     assert main([*args, "--identity-db", f"sqlite:///{tmp_path / 'i.sqlite'}"]) == 1
