@@ -60,6 +60,15 @@ class Settings(BaseSettings):
     grace_seconds: float = Field(default=5.0, ge=0, allow_inf_nan=False,
                                  description="Shutdown grace period.")
 
+    @field_validator("types")
+    @classmethod
+    def _named(cls, types: tuple[str, ...]) -> tuple[str, ...]:
+        """A blank type name would make an empty mention type a type of its own, and let an
+        authority record without a type through (SPEC: both read or refuse as empty)."""
+        if any(not t.strip() for t in types):
+            raise ValueError("a type name is empty")
+        return types
+
     @field_validator("admin_token")
     @classmethod
     def _header_safe(cls, token: str | None) -> str | None:

@@ -725,6 +725,10 @@ def test_cli_serve_says_what_is_wrong_with_its_settings_and_exits_non_zero(
     assert "grace_seconds (IDENTITY_GRACE_SECONDS): Input should be a finite number" in (
         capsys.readouterr().err)
     monkeypatch.delenv("IDENTITY_GRACE_SECONDS")
+    monkeypatch.setenv("IDENTITY_TYPES", '["method", " "]')  # "" would be a type of its own
+    assert cli_main(["serve", "--port", "0", *db]) == 2
+    assert "types (IDENTITY_TYPES): Value error, a type name is empty" in capsys.readouterr().err
+    monkeypatch.delenv("IDENTITY_TYPES")
     monkeypatch.setenv("IDENTITY_ADMIN_TOKEN", "sëcret token")  # no client could send it
     assert cli_main(["serve", "--port", "0", *db]) == 2
     err = capsys.readouterr().err
