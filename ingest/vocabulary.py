@@ -184,14 +184,29 @@ class Vocabulary:
         default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
+        """Every phrase reads one way: a vocabulary where one would read two ways (or as
+        nothing) is refused, saying which, instead of one reading silently winning."""
+        if "" in self.labels:
+            raise VocabularyError("a label is empty")
         if self.fallback not in self.labels:
             raise VocabularyError(f"fallback label {self.fallback!r} is not among the labels")
         for table_name, table in (("synonyms", self.synonyms), ("inverses", self.inverses)):
             for phrase, label in table.items():
+                if not phrase:
+                    raise VocabularyError(f"{table_name}: a phrase is empty")
                 if label not in self.labels:
                     raise VocabularyError(
                         f"{table_name}: {phrase!r} maps to {label!r}, which is not a label"
                     )
+                as_label = phrase.replace(" ", "_")
+                if as_label in self.labels and (label != as_label or table_name == "inverses"):
+                    raise VocabularyError(
+                        f"{table_name}: {phrase!r} is a label itself, so it cannot also read "
+                        f"as {'the inverse of ' if table_name == 'inverses' else ''}{label!r}")
+        for phrase in self.synonyms.keys() & self.inverses.keys():
+            raise VocabularyError(
+                f"{phrase!r} is both a synonym of {self.synonyms[phrase]!r} and an inverse of "
+                f"{self.inverses[phrase]!r}")
 
     def read(self, raw: str) -> PredicateReading:
         """Reads a raw predicate; unknown text becomes the fallback (the caller keeps the raw)."""
@@ -225,10 +240,15 @@ class Vocabulary:
         norm_labels = frozenset(normalize_phrase(label).replace(" ", "_") for label in labels)
 
         def norm_table(table: Mapping[str, str] | None) -> dict[str, str]:
-            return {
-                normalize_phrase(k): normalize_phrase(v).replace(" ", "_")
-                for k, v in (table or {}).items()
-            }
+            out: dict[str, str] = {}
+            for phrase, label in (table or {}).items():
+                key, value = normalize_phrase(phrase), normalize_phrase(label).replace(" ", "_")
+                if out.get(key, value) != value:  # "relies-on" and "relies on" meet
+                    raise VocabularyError(
+                        f"{phrase!r} reads as {key!r}, which already maps to {out[key]!r}, "
+                        f"not {value!r}")
+                out[key] = value
+            return out
 
         return cls(
             labels=norm_labels,
@@ -277,9 +297,15 @@ def load_vocabulary(path: Path) -> Vocabulary:
         raise VocabularyError(f"{path}: 'replace_defaults' must be true or false")
     if replace:
         return Vocabulary.build(labels, synonyms, inverses, fallback)
+    # The file's own phrases win over the built-in ones, in either table.
+    own = {normalize_phrase(p) for p in (*synonyms, *inverses)}
     return Vocabulary.build(
         [*DEFAULT_LABELS, *labels],
-        {**DEFAULT_SYNONYMS, **synonyms},
-        {**DEFAULT_INVERSES, **inverses},
+        {**_without(DEFAULT_SYNONYMS, own), **synonyms},
+        {**_without(DEFAULT_INVERSES, own), **inverses},
         fallback,
     )
+
+
+def _without(table: Mapping[str, str], phrases: set[str]) -> dict[str, str]:
+    return {p: label for p, label in table.items() if normalize_phrase(p) not in phrases}

@@ -86,3 +86,41 @@ def test_bad_vocabulary_files_are_refused(tmp_path: Path, content: str) -> None:
     path.write_text(content)
     with pytest.raises(VocabularyError):
         load_vocabulary(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ('{"labels": [" "]}', "a label is empty"),
+        ('{"synonyms": {"  ": "uses"}}', "synonyms: a phrase is empty"),
+        ('{"synonyms": {"relies-on": "uses", "relies  on": "extends"}}',
+         "'relies  on' reads as 'relies on', which already maps to 'uses', not 'extends'"),
+        (('{"labels": ["inhibits"], "synonyms": {"blocks": "inhibits"}, '
+          '"inverses": {"Blocks": "inhibits"}}'),
+         "'blocks' is both a synonym of 'inhibits' and an inverse of 'inhibits'"),
+        ('{"synonyms": {"evaluated_on": "uses"}}',
+         "'evaluated on' is a label itself, so it cannot also read as 'uses'"),
+        ('{"inverses": {"uses": "uses"}}',
+         "'uses' is a label itself, so it cannot also read as the inverse of 'uses'"),
+    ],
+)
+def test_a_vocabulary_where_a_phrase_reads_two_ways_is_refused_saying_which(
+        tmp_path: Path, content: str, says: str) -> None:
+    """Before, one reading silently won (a label over a synonym, a synonym over an inverse,
+    the last of two spellings that meet)."""
+    path = tmp_path / "vocab.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(VocabularyError) as refused:
+        load_vocabulary(path)
+    assert says in str(refused.value)
+
+
+def test_a_files_phrase_wins_over_the_built_in_one_in_the_other_table(tmp_path: Path) -> None:
+    """ "relies on" is a built-in synonym of uses; a file that calls it an inverse means it."""
+    path = tmp_path / "vocab.toml"
+    path.write_text('[inverses]\n"relies on" = "uses"\n[synonyms]\n"is used by" = "uses"\n',
+                    encoding="utf-8")
+    vocab = load_vocabulary(path)
+    assert (vocab.read("Relies on").label, vocab.read("Relies on").inverted) == ("uses", True)
+    assert (vocab.read("is used by").label, vocab.read("is used by").inverted) == ("uses", False)
+
