@@ -196,6 +196,11 @@ def _parse_csv(lines: Iterable[Line], delimiter: str) -> Iterator[AuthorityRecor
                           f"CSV header lacks column(s) {', '.join(missing)}; expected "
                           "id,name,type,aliases (or separated by ';' or tabs)")
         return
+    twice = [c for c in (*REQUIRED_COLUMNS, "aliases") if columns.count(c) > 1]
+    if twice:  # which of the two would a record mean?
+        yield RecordError(reader.line_num,
+                          f"CSV header names column(s) {', '.join(twice)} more than once")
+        return
     for row in rows:
         number = reader.line_num
         if unreadable:  # the row ends here and may span lines (quoted newlines): any bad one

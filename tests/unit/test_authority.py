@@ -137,6 +137,13 @@ def test_a_csv_separated_by_semicolons_or_tabs_is_read_by_its_header() -> None:
              "id,name,type,aliases (or separated by ';' or tabs)"))]
 
 
+def test_a_csv_header_naming_a_column_twice_is_refused() -> None:
+    """Which `name` would a record mean? Before, the last one silently won."""
+    assert parsed(b"id,name,type,Name\nQ1,Ada Lovelace,person,Ada King\n", "csv") == [
+        (1, "error: CSV header names column(s) name more than once")]
+    assert parsed(b"id,name,type,note,note\nQ1,Ada,person,a,b\n", "csv") == [(2, "Q1")]
+
+
 def test_jsonl_aliases_may_be_absent_or_null_but_not_a_string() -> None:
     data = (b'{"id": "A", "name": "Ada", "type": "person"}\n'
             b'{"id": "B", "name": "Bo", "type": "person", "aliases": null}\n'
