@@ -26,10 +26,13 @@ from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
 from identity_server.authority import MAX_LINE_BYTES, READ_CHUNK, READ_ERRORS, unpacked
 from identity_server.errors import InvalidArgument
+from identity_server.settings import MAX_MESSAGE_BYTES, Settings
 
 Metadata = tuple[tuple[str, str], ...]
 _PAGE = 1000  # links asked for per ListPossiblySameAs call (the server's most)
 _FORMS_SHOWN = 20  # surface forms printed by default: a much-mentioned entity has thousands
+_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 
 
 def add_connection_options(parser: argparse.ArgumentParser, *, admin: bool = False) -> None:
@@ -206,21 +209,22 @@ def _server(args: argparse.Namespace) -> Iterator[Call]:
 
 
 def _channel(args: argparse.Namespace) -> grpc.Channel:
+    """To --server, taking replies as large as the server sends (an entity with thousands of
+    spellings outgrows gRPC's default 4 MB)."""
     if args.tls_ca is None:
-        return grpc.insecure_channel(args.server)
+        return grpc.insecure_channel(args.server, options=_OPTIONS)
     try:
         roots = args.tls_ca.read_bytes()
     except OSError as e:
         raise InvalidArgument(
             f"cannot read the TLS root certificates {args.tls_ca}: {e.strerror}") from e
-    return grpc.secure_channel(args.server, grpc.ssl_channel_credentials(root_certificates=roots))
+    return grpc.secure_channel(args.server, grpc.ssl_channel_credentials(root_certificates=roots),
+                               options=_OPTIONS)
 
 
 def _admin_metadata(args: argparse.Namespace) -> Metadata:
-    from identity_server.settings import Settings  # IDENTITY_ADMIN_TOKEN when no flag
-
     given = {"admin_token": args.admin_token} if args.admin_token else {}
-    token = Settings(**given).admin_token  # checked as the server checks its own
+    token = Settings(**given).admin_token  # IDENTITY_ADMIN_TOKEN when no flag; checked
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 

@@ -22,7 +22,7 @@ from identity_server.errors import StartupError
 from identity_server.handlers import SERVICE, add_identity_service, add_service
 from identity_server.service import IdentityService, ServiceConfig
 from identity_server.servicer import IdentityServicer
-from identity_server.settings import Settings
+from identity_server.settings import MAX_MESSAGE_BYTES, Settings
 from identity_server.store.sql import SqlStore
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,6 @@ T = TypeVar("T")
 
 SERVICE_NAME = SERVICE.full_name
 SIGNAL_POLL_S = 0.2  # how often the main thread wakes to run a pending signal's handler
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a full batch of 5,000 mentions of 512 code points fits
 
 # Shared by the server and the benchmarks' echo baseline, so both run the same gRPC stack.
 GRPC_OPTIONS: list[tuple[str, int]] = [

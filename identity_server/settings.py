@@ -11,6 +11,10 @@ import re
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# The largest gRPC message the server and its command-line clients send or take: a full batch of
+# 5,000 mentions of 512 code points fits, and so does an entity with many thousands of spellings.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
 DEFAULT_TYPES: tuple[str, ...] = (
     "person",
     "organization",

@@ -310,3 +310,28 @@ def test_a_deadline_that_cannot_work_is_refused_naming_the_flag(
             cli.main([*argv, "--timeout", timeout])
         assert exited.value.code == 2
         assert "argument --timeout:" in capsys.readouterr().err
+
+
+def test_entity_shows_an_entity_whose_reply_outgrows_grpcs_default_4_mb(
+        server: RunningServer, capsys: CaptureFixture) -> None:
+    """gRPC clients take 4 MB by default; the server sends up to 64 MB, and so many spellings
+    of one long name make a reply of ~5 MB."""
+    import random
+
+    name = "a" * 300 + " graph attention network " + "b" * 180
+    rng = random.Random(7)
+    forms = list(dict.fromkeys(
+        "".join(c.upper() if rng.random() < 0.5 else c for c in name) for _ in range(10_200)))
+    options = [("grpc.max_receive_message_length", 64 << 20)]
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}", options=options) as channel:
+        big = pb_grpc.IdentityServiceStub(channel)
+        eid = _resolve(big, name, "method").entity_id
+        for start in range(0, len(forms), 5000):
+            reply = big.ResolveBatch(pb.ResolveBatchRequest(mentions=[
+                pb.Mention(mention=f, entity_type="method") for f in forms[start:start + 5000]]),
+                timeout=120)
+            assert {r.resolved.entity_id for r in reply.results} == {eid}
+
+    assert _run(server, "entity", eid, "--json") == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert len(shown["surface_forms"]) == len(forms) and len(json.dumps(shown)) > 4 << 20
