@@ -156,13 +156,13 @@ def _settings(args: argparse.Namespace, *fields: str) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from identity_server.server import serve_until_signalled, start_server
+    from identity_server.server import address, serve_until_signalled, start_server
 
     settings = _settings(args, "db_url", "host", "port", "admin_token", "strict_types",
                          "promote_after_papers", "tls_cert", "tls_key")
     running = start_server(settings)
     serve_until_signalled(running, settings.grace_seconds, ready=lambda: print(
-        f"listening on {settings.host}:{running.port}", flush=True))
+        f"listening on {address(settings.host, running.port)}", flush=True))
     return 0
 
 

@@ -170,25 +170,26 @@ async def _serve(settings: Settings, service: IdentityService,
                     (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)),
                 server, reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"],
                 reflection_pb2)
-    address = f"{_host(settings.host)}:{settings.port}"
+    listen = address(settings.host, settings.port)
     try:
-        port = (server.add_secure_port(address, credentials) if credentials is not None
-                else server.add_insecure_port(address))
+        port = (server.add_secure_port(listen, credentials) if credentials is not None
+                else server.add_insecure_port(listen))
     except RuntimeError:  # grpcio raises "Failed to bind" where older versions returned 0
         port = 0
     if port == 0:
-        raise StartupError(f"cannot listen on {address}: the port is in use, or the address "
+        raise StartupError(f"cannot listen on {listen}: the port is in use, or the address "
                            f"is not one of this machine's")
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    logger.info("identity server listening on %s:%d (store %s)", settings.host, port,
+    logger.info("identity server listening on %s (store %s)", address(settings.host, port),
                 service.store.url.split("@")[-1])
     return RunningServer(server, port, health_servicer, service, loop, handlers)
 
 
-def _host(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+def address(host: str, port: int) -> str:
+    """host:port as gRPC and its clients take it (an IPv6 host in brackets: `[::1]:50051`)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 def serve_until_signalled(running: RunningServer, grace: float,

@@ -486,6 +486,38 @@ def test_cli_serve_prints_its_port_and_stops_cleanly_on_sigterm(
         log.close()
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
+def test_cli_serve_on_ipv6_prints_an_address_a_client_can_use(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It printed `listening on ::1:PORT`, which no client parses; now `[::1]:PORT`."""
+    from identity_server.cli import main as cli_main
+
+    args = [str(CLI), "serve", "--host", "::1", "--port", "0",
+            "--db", f"sqlite:///{tmp_path / 'six.sqlite'}"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=_env())
+    try:
+        line = _read_line(proc.stdout, 20.0)
+        match = re.fullmatch(r"listening on (\[::1\]:\d+)\s*", line)
+        assert match, line
+        assert cli_main(["resolve", "Ada Lovelace", "--server", match.group(1)]) == 0
+        assert "match_kind:   NEW" in capsys.readouterr().out
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
 def test_cli_import_reports_refused_lines(tmp_path: Path) -> None:
     db_url = f"sqlite:///{tmp_path / 'imported.sqlite'}"
     jsonl = tmp_path / "authority.jsonl"
