@@ -200,7 +200,8 @@ def _server(args: argparse.Namespace) -> Iterator[Call]:
             try:
                 return getattr(stub, method)(request, timeout=args.timeout, metadata=metadata)
             except grpc.RpcError as e:
-                if admin and not metadata and e.code() is grpc.StatusCode.UNAUTHENTICATED:
+                if (admin and not metadata and e.code() is grpc.StatusCode.UNAUTHENTICATED
+                        and "disabled" not in (e.details() or "")):  # not: the server has none
                     raise InvalidArgument(f"{e.details()}: give the token with --admin-token "
                                           "or IDENTITY_ADMIN_TOKEN") from e
                 raise

@@ -216,6 +216,23 @@ def test_entity_shows_the_first_surface_forms_and_json_shows_all(
     assert "NOT_FOUND" in capsys.readouterr().err
 
 
+def test_admin_commands_against_a_server_without_admin_say_so(
+        db_url: str, capsys: CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not "give the token": this server has none, so no token would do."""
+    from identity_server.server import start_server
+    from identity_server.settings import Settings
+
+    monkeypatch.delenv("IDENTITY_ADMIN_TOKEN", raising=False)
+    running = start_server(Settings(db_url=db_url, port=0))
+    try:
+        assert _run(running, "promote", "Q1") == 1
+        err = capsys.readouterr().err
+        assert "UNAUTHENTICATED: admin RPCs are disabled: start the server with --admin-token" in err
+        assert "give the token" not in err
+    finally:
+        running.stop(grace=0)
+
+
 def test_settle_without_a_login_name_asks_for_the_actor(
         server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
