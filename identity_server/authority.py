@@ -281,6 +281,13 @@ READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
 _MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
 
 
+def broke_off(kind: str, lines: int, error: BaseException) -> str:
+    """Why reading an input of `kind` ("" for none, see `unpacked`) stopped after `lines`
+    whole lines, for a message."""
+    what = f"the {kind} data is corrupt or cut short" if kind else "cannot be read on"
+    return f"{what} after line {lines} ({error})"
+
+
 @contextmanager
 def unpacked(raw: BufferedReader) -> Iterator[tuple[BufferedIOBase, str]]:
     """raw's bytes, through its decompressor when its first bytes say gzip, bzip2 or xz, and

@@ -25,6 +25,7 @@ from identity_server.authority import (
     READ_ERRORS,
     Line,
     TooLong,
+    broke_off,
     decode_lines,
     split_lines,
     unpacked,
@@ -172,17 +173,17 @@ def _import(args: argparse.Namespace) -> int:
         raw = path.open("rb")
     except OSError as e:
         raise InvalidArgument(f"cannot read {args.file}: {e.strerror}") from e
-    broke_off = None  # where reading broke off, for an import through a server
+    stopped = None  # where reading broke off, for an import through a server
     with raw:
         if args.server:
             with tqdm(unit="B", unit_scale=True, desc="sending", disable=None,
                       file=sys.stderr) as bar:
-                report, broke_off = remote.import_stream(args, raw, bar.update)
+                report, stopped = remote.import_stream(args, raw, bar.update)
         else:
             report = _import_into_store(args, raw)
     _print_import(args.file, report)
-    if broke_off is not None:
-        raise InvalidArgument(f"{args.file}: {broke_off}; the lines before it were imported "
+    if stopped is not None:
+        raise InvalidArgument(f"{args.file}: {stopped}; the lines before it were imported "
                               "(with their merges), the rest were not")
     return 1 if report.errors else 0
 
@@ -228,8 +229,7 @@ def _readable(f: BufferedIOBase, path: Path, kind: str) -> Iterator[Line]:
     try:
         yield from decode_lines(counted())
     except READ_ERRORS as e:
-        what = f"the {kind} data is corrupt or cut short" if kind else "cannot be read on"
-        raise InvalidArgument(f"{path}: {what} after line {number} ({e})") from e
+        raise InvalidArgument(f"{path}: {broke_off(kind, number, e)}") from e
     except InvalidArgument as e:  # a UTF-16 file
         raise InvalidArgument(f"{path}: {e}") from e
 

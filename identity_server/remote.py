@@ -24,7 +24,13 @@ from google.protobuf import json_format
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
-from identity_server.authority import MAX_LINE_BYTES, READ_CHUNK, READ_ERRORS, unpacked
+from identity_server.authority import (
+    MAX_LINE_BYTES,
+    READ_CHUNK,
+    READ_ERRORS,
+    broke_off,
+    unpacked,
+)
 from identity_server.errors import InvalidArgument
 from identity_server.settings import MAX_MESSAGE_BYTES, Settings
 
@@ -152,7 +158,7 @@ def import_stream(args: argparse.Namespace, raw: BufferedReader,
     where reading broke off (compressed data cut short), if it did: then the server imports
     the lines sent before, and the part of a line read so far is not sent, so no record is
     imported cut short. `progress` is called with the bytes sent."""
-    broke_off: list[str] = []
+    stopped: list[str] = []  # why reading broke off, if it did
 
     def requests() -> Iterator[pb.ImportAuthorityRequest]:
         yield pb.ImportAuthorityRequest(format=_FORMATS[args.format])
@@ -174,12 +180,11 @@ def import_stream(args: argparse.Namespace, raw: BufferedReader,
                     progress(len(pending))
                     yield pb.ImportAuthorityRequest(data=bytes(pending))
             except READ_ERRORS as e:
-                what = f"the {kind} data is corrupt or cut short" if kind else "cannot be read on"
-                broke_off.append(f"{what} after line {lines} ({e})")
+                stopped.append(broke_off(kind, lines, e))
 
     with _server(args) as call:
         reply: pb.ImportAuthorityResponse = call("ImportAuthority", requests(), admin=True)
-    return reply, (broke_off[0] if broke_off else None)
+    return reply, (stopped[0] if stopped else None)
 
 
 # -- calls -------------------------------------------------------------------------------------
