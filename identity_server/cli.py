@@ -111,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     ent = sub.add_parser("entity", help="show an entity: names, status, evidence, redirect")
     ent.add_argument("entity_id")
     ent.add_argument("--forms", type=_count, default=20,
-                     help="surface forms to print (default 20; 0: all)")
+                     help="surface forms to fetch and print (default 20; 0: all)")
+    ent.add_argument("--forms-offset", type=_count, default=0,
+                     help="skip this many surface forms first, to page through them")
     remote.add_connection_options(ent)
     ent.set_defaults(run=remote.entity)
 

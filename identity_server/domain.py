@@ -168,6 +168,14 @@ class Entity:
             tops.append(n.position)
         return max(tops, default=0) + 1
 
+    def surface_start(self) -> int:
+        """Where the surface forms begin in `names` (they come last, after the few name and
+        aliases): its surface forms are `names[surface_start():]`."""
+        for i, n in enumerate(self.names):
+            if n.kind is NameKind.SURFACE:
+                return i
+        return len(self.names)
+
     def name_keys(self) -> Collection[str]:
         """The keys of its names, each once."""
         names = self.names

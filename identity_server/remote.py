@@ -87,8 +87,11 @@ def resolve(args: argparse.Namespace) -> int:
 
 def entity(args: argparse.Namespace) -> int:
     with _server(args) as call:
-        reply = call("GetEntity", pb.GetEntityRequest(entity_id=args.entity_id))
-    return _show(args, reply.entity, forms=args.forms)
+        # Only the page of surface forms shown travels: a much-mentioned entity has thousands.
+        reply = call("GetEntity", pb.GetEntityRequest(
+            entity_id=args.entity_id, max_surface_forms=args.forms or None,
+            surface_forms_offset=args.forms_offset))
+    return _show(args, reply.entity, forms=args.forms, offset=args.forms_offset)
 
 
 def links(args: argparse.Namespace) -> int:
@@ -97,7 +100,8 @@ def links(args: argparse.Namespace) -> int:
         found, more = _links(call, args.entity or "", args.limit)
         ids = dict.fromkeys(i for link in found for i in (link.entity_id, link.other_id))
         ends: dict[str, pb.Entity] = {
-            i: call("GetEntity", pb.GetEntityRequest(entity_id=i)).entity for i in ids}
+            i: call("GetEntity", pb.GetEntityRequest(entity_id=i, max_surface_forms=0)).entity
+            for i in ids}
     if args.json:
         print(json.dumps([{"entity": _as_dict(ends[link.entity_id]),
                            "other": _as_dict(ends[link.other_id]),
@@ -252,7 +256,10 @@ def _links(call: Call, entity_id: str,
 
 # -- output ------------------------------------------------------------------------------------
 
-def _show(args: argparse.Namespace, e: pb.Entity, *, forms: int = _FORMS_SHOWN) -> int:
+def _show(args: argparse.Namespace, e: pb.Entity, *, forms: int = _FORMS_SHOWN,
+          offset: int = 0) -> int:
+    """An entity for a person (or as JSON); `forms` surface forms at most (0: all), the reply's
+    being those from `offset` on."""
     if args.json:
         return _print_json(e)
     print(f"entity_id:     {e.entity_id}")
@@ -266,11 +273,15 @@ def _show(args: argparse.Namespace, e: pb.Entity, *, forms: int = _FORMS_SHOWN) 
         print("placeholder:   yes (an ambiguous spelling's; only a curator merges or promotes it)")
     if e.aliases:
         print(f"aliases:       {' | '.join(e.aliases)}")
-    if e.surface_forms:
+    total = e.surface_form_count or offset + len(e.surface_forms)  # 0: an older server
+    if total:
         shown = list(e.surface_forms[:forms] if forms else e.surface_forms)
-        more = len(e.surface_forms) - len(shown)
-        print(f"surface_forms: {' | '.join(shown)}"
-              + (f"  ... and {more} more (--forms 0: all)" if more else ""))
+        more = total - offset - len(shown)
+        span = (f"[{offset + 1:,}-{offset + len(shown):,} of {total:,}] "
+                if shown and (offset or more) else "")
+        listed = " | ".join(shown) if shown else f"none from {offset + 1:,} on ({total:,} in all)"
+        print(f"surface_forms: {span}{listed}"
+              + (f"  ... and {more:,} more (--forms 0: all)" if more else ""))
     if e.status == pb.MERGED:
         print("evidence:      moved with its names to the entity it redirects to")
     else:

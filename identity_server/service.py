@@ -116,11 +116,12 @@ class EntityView:
     entity_type: str
     status: Status
     aliases: tuple[str, ...]
-    surface_forms: tuple[str, ...]
+    surface_forms: tuple[str, ...]  # all of them, or the page asked for
     redirect_to: str
     placeholder: bool
     evidence_count: int
     paper_count: int
+    surface_form_count: int  # all of them, however many are listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -751,16 +752,28 @@ class IdentityService:
 
     # -- inspecting ------------------------------------------------------------------------------
 
-    def get_entity(self, entity_id: str) -> EntityView:
+    def get_entity(self, entity_id: str, *, max_surface_forms: int | None = None,
+                   surface_forms_offset: int = 0) -> EntityView:
+        """One entity; with `max_surface_forms`, a page of its surface forms only (a
+        much-mentioned entity has thousands, which a caller rarely wants all of)."""
+        if max_surface_forms is not None and max_surface_forms < 0:
+            raise InvalidArgument(f"max_surface_forms is {max_surface_forms}; it must be 0 or "
+                                  f"more (leave it unset for all of them)")
+        if surface_forms_offset < 0:
+            raise InvalidArgument(f"surface_forms_offset is {surface_forms_offset}; it must be "
+                                  f"0 or more")
+        end = None if max_surface_forms is None else surface_forms_offset + max_surface_forms
+
         def work(tx: Tx) -> EntityView:
             entity = self.index.get(_checked_id(entity_id)) if entity_id else None
             if entity is None:
                 raise EntityNotFound(f"no entity with id {entity_id!r}")
-            return self._view(tx, entity)
+            return self._view(tx, entity, slice(surface_forms_offset, end))
 
         return self._read(work)
 
-    def _view(self, tx: Tx, entity: Entity) -> EntityView:
+    def _view(self, tx: Tx, entity: Entity, forms: slice = slice(None)) -> EntityView:
+        """What a caller is shown of an entity; `forms`: which of its surface forms."""
         redirect = ""
         if entity.status is Status.MERGED:
             # Its evidence moved with it: the live entity at the end of the chain counts it.
@@ -770,17 +783,20 @@ class IdentityService:
         else:
             group = [entity.entity_id, *tx.merged_into(entity.entity_id)]
             evidence, papers = tx.evidence_summary(group)
+        start = entity.surface_start()
+        surface = entity.names[start:]
         return EntityView(
             entity_id=entity.entity_id,
             name=entity.name,
             entity_type=entity.entity_type,
             status=entity.status,
-            aliases=tuple(n.display for n in entity.names if n.kind is NameKind.ALIAS),
-            surface_forms=tuple(n.display for n in entity.names if n.kind is NameKind.SURFACE),
+            aliases=tuple(n.display for n in entity.names[:start] if n.kind is NameKind.ALIAS),
+            surface_forms=tuple(n.display for n in surface[forms]),
             redirect_to=redirect,
             placeholder=entity.placeholder,
             evidence_count=evidence,
             paper_count=papers,
+            surface_form_count=len(surface),
         )
 
     def list_links(self, *, entity_id: str = "", page_size: int = 100,

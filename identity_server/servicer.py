@@ -201,7 +201,10 @@ class IdentityServicer:
     @_rpc()
     async def GetEntity(self, request: pb.GetEntityRequest,
                         context: Context) -> pb.GetEntityResponse:
-        view = await self._off_loop(self.service.get_entity, request.entity_id)
+        limit = (request.max_surface_forms if request.HasField("max_surface_forms") else None)
+        view = await self._off_loop(functools.partial(
+            self.service.get_entity, request.entity_id, max_surface_forms=limit,
+            surface_forms_offset=request.surface_forms_offset))
         return pb.GetEntityResponse(entity=entity_message(view))
 
     @_rpc(admin=True)
@@ -365,4 +368,5 @@ def entity_message(v: EntityView) -> pb.Entity:
         placeholder=v.placeholder,
         evidence_count=v.evidence_count,
         paper_count=v.paper_count,
+        surface_form_count=v.surface_form_count,
     )

@@ -183,13 +183,14 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):  # type: ignore[misc
             candidates=[] if created else [entity.entity_id], name=entity.name,
             matched_name=matched, entity_type=entity.entity_type, display_form=form)
 
-    def _entity_pb(self, entity: _Entity) -> pb.Entity:
+    def _entity_pb(self, entity: _Entity, forms: slice = slice(None)) -> pb.Entity:
         live = self._live(entity.entity_id)
         return pb.Entity(
             entity_id=entity.entity_id,
             name="" if entity.redirect_to else entity.name,
             entity_type=entity.entity_type, status=entity.status,
-            surface_forms=entity.surface_forms,
+            surface_forms=entity.surface_forms[forms],
+            surface_form_count=len(entity.surface_forms),
             redirect_to=live.entity_id if entity.redirect_to else "",
             evidence_count=len(entity.contexts), paper_count=len(set(entity.contexts)))
 
@@ -243,10 +244,16 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):  # type: ignore[misc
                   context: grpc.ServicerContext) -> pb.GetEntityResponse:
         self._enter("GetEntity", context)
         try:
+            start = request.surface_forms_offset
+            end = (start + request.max_surface_forms
+                   if request.HasField("max_surface_forms") else None)
+            if start < 0 or (end is not None and end < start):
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                             "max_surface_forms and surface_forms_offset must be 0 or more")
             with self._lock:
                 self._live(request.entity_id)
                 return pb.GetEntityResponse(entity=self._entity_pb(
-                    self._entities[request.entity_id]))
+                    self._entities[request.entity_id], slice(start, end)))
         except _Abort as e:
             _abort(context, e.code, e.message)
 

@@ -183,7 +183,7 @@ def test_admin_commands_without_the_token_say_how_to_give_it(
         pb.CANONICAL)
 
 
-def test_entity_shows_the_first_surface_forms_and_json_shows_all(
+def test_entity_fetches_and_shows_a_page_of_surface_forms(
         server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture) -> None:
     name = "graph attention network"
     eid = _resolve(stub, name, "method").entity_id
@@ -198,12 +198,22 @@ def test_entity_shows_the_first_surface_forms_and_json_shows_all(
 
     assert _run(server, "entity", eid, "--forms", "3") == 0
     out = capsys.readouterr().out
-    assert f"surface_forms: {' | '.join(forms[:3])}  ... and {len(forms) - 3} more" in out
+    assert (f"surface_forms: [1-3 of 25] {' | '.join(forms[:3])}  ... and {len(forms) - 3} "
+            f"more") in out
     assert "evidence:      1 resolves in 1 papers" in out
 
-    assert _run(server, "entity", eid, "--json") == 0
+    assert _run(server, "entity", eid, "--forms", "3", "--forms-offset", "21") == 0
+    assert (f"surface_forms: [22-24 of 25] {' | '.join(forms[21:24])}  ... and 1 more"
+            in capsys.readouterr().out)
+    assert _run(server, "entity", eid, "--forms-offset", "30") == 0
+    assert "surface_forms: none from 31 on (25 in all)" in capsys.readouterr().out
+
+    assert _run(server, "entity", eid, "--json") == 0  # only the page shown travels
     shown = json.loads(capsys.readouterr().out)
-    assert shown["surface_forms"] == forms and shown["status"] == "PROVISIONAL"
+    assert shown["surface_forms"] == forms[:20] and shown["surface_form_count"] == "25"
+    assert shown["status"] == "PROVISIONAL"
+    assert _run(server, "entity", eid, "--json", "--forms", "0") == 0
+    assert json.loads(capsys.readouterr().out)["surface_forms"] == forms
 
     assert _run(server, "entity", eid, "--forms", "0") == 0
     assert f"surface_forms: {' | '.join(forms)}\n" in capsys.readouterr().out
@@ -349,6 +359,6 @@ def test_entity_shows_an_entity_whose_reply_outgrows_grpcs_default_4_mb(
                 timeout=120)
             assert {r.resolved.entity_id for r in reply.results} == {eid}
 
-    assert _run(server, "entity", eid, "--json") == 0
+    assert _run(server, "entity", eid, "--json", "--forms", "0") == 0
     shown = json.loads(capsys.readouterr().out)
     assert len(shown["surface_forms"]) == len(forms) and len(json.dumps(shown)) > 4 << 20

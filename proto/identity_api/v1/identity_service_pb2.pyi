@@ -157,7 +157,7 @@ class ResolveBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[ResolveBatchResult, _Mapping]]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class Entity(_message.Message):
-    __slots__ = ("entity_id", "name", "entity_type", "status", "aliases", "surface_forms", "redirect_to", "placeholder", "evidence_count", "paper_count")
+    __slots__ = ("entity_id", "name", "entity_type", "status", "aliases", "surface_forms", "redirect_to", "placeholder", "evidence_count", "paper_count", "surface_form_count")
     ENTITY_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ENTITY_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,7 @@ class Entity(_message.Message):
     PLACEHOLDER_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_COUNT_FIELD_NUMBER: _ClassVar[int]
     PAPER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SURFACE_FORM_COUNT_FIELD_NUMBER: _ClassVar[int]
     entity_id: str
     name: str
     entity_type: str
@@ -178,13 +179,18 @@ class Entity(_message.Message):
     placeholder: bool
     evidence_count: int
     paper_count: int
-    def __init__(self, entity_id: _Optional[str] = ..., name: _Optional[str] = ..., entity_type: _Optional[str] = ..., status: _Optional[_Union[EntityStatus, str]] = ..., aliases: _Optional[_Iterable[str]] = ..., surface_forms: _Optional[_Iterable[str]] = ..., redirect_to: _Optional[str] = ..., placeholder: _Optional[bool] = ..., evidence_count: _Optional[int] = ..., paper_count: _Optional[int] = ...) -> None: ...
+    surface_form_count: int
+    def __init__(self, entity_id: _Optional[str] = ..., name: _Optional[str] = ..., entity_type: _Optional[str] = ..., status: _Optional[_Union[EntityStatus, str]] = ..., aliases: _Optional[_Iterable[str]] = ..., surface_forms: _Optional[_Iterable[str]] = ..., redirect_to: _Optional[str] = ..., placeholder: _Optional[bool] = ..., evidence_count: _Optional[int] = ..., paper_count: _Optional[int] = ..., surface_form_count: _Optional[int] = ...) -> None: ...
 
 class GetEntityRequest(_message.Message):
-    __slots__ = ("entity_id",)
+    __slots__ = ("entity_id", "max_surface_forms", "surface_forms_offset")
     ENTITY_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_SURFACE_FORMS_FIELD_NUMBER: _ClassVar[int]
+    SURFACE_FORMS_OFFSET_FIELD_NUMBER: _ClassVar[int]
     entity_id: str
-    def __init__(self, entity_id: _Optional[str] = ...) -> None: ...
+    max_surface_forms: int
+    surface_forms_offset: int
+    def __init__(self, entity_id: _Optional[str] = ..., max_surface_forms: _Optional[int] = ..., surface_forms_offset: _Optional[int] = ...) -> None: ...
 
 class GetEntityResponse(_message.Message):
     __slots__ = ("entity",)
