@@ -137,7 +137,7 @@ def _result(r: Any) -> ResolveResult:
 def _view(e: Any) -> EntityView:
     return EntityView(e.entity_id, e.name, e.entity_type, _STATUS[e.status], tuple(e.aliases),
                       tuple(e.surface_forms), e.redirect_to, e.placeholder, e.evidence_count,
-                      e.paper_count)
+                      e.paper_count, e.surface_form_count)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -153,4 +153,4 @@ def test_the_adapter_keeps_every_field() -> None:
         "matched_name", "entity_type", "display_form"]
     assert [f.name for f in dataclasses.fields(EntityView)] == [
         "entity_id", "name", "entity_type", "status", "aliases", "surface_forms", "redirect_to",
-        "placeholder", "evidence_count", "paper_count"]
+        "placeholder", "evidence_count", "paper_count", "surface_form_count"]

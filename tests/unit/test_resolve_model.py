@@ -751,6 +751,7 @@ class Run:
                 e.entity_type, e.canonical, e.placeholder), e
             assert (view.evidence_count, view.paper_count) == self.model.evidence(e), e
             assert [view.name, *view.aliases, *view.surface_forms] == [n[0] for n in e.names], e
+            assert view.surface_form_count == len(view.surface_forms), e
 
 
 @pytest.mark.parametrize("seed", range(16))
