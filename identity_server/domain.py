@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Collection
+import itertools
+import threading
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import InitVar, dataclass, field
+from typing import Any, overload
 
 from identity_server.errors import InvalidArgument
 from identity_server.normalize import WHITE_SPACE, fold, key_of_folded
@@ -83,23 +86,61 @@ class Name:
 
 
 _KIND_ORDER = {NameKind.NAME: 0, NameKind.ALIAS: 1, NameKind.SURFACE: 2}
-# From this many names on, an entity answers "which of its names is this display form?" from a
-# table built on first use (per version of the entity): a much-mentioned entity gathers a
-# surface form for every spelling that converged on it, and a scan of thousands of names on each
-# repeat mention of it would cost more than the rest of the lookup together.
+# From this many names on, an entity answers "which of its names is this display form?" from
+# tables built on first use: a much-mentioned entity gathers a surface form for every spelling
+# that converged on it, and a scan of thousands of names on each repeat mention of it would cost
+# more than the rest of the lookup together.
 DISPLAY_TABLE_FROM = 64
 
 
 class _NameTables:
-    """Lookups over a much-mentioned entity's names, each built on first use; `with_name`
-    carries the built ones over to the entity's next version."""
+    """Lookups over a much-mentioned entity's names, shared by its successive versions.
 
-    __slots__ = ("by_display", "by_folded", "keys")
+    A version that takes one more surface form (`Entity.with_name`) adds it to these tables in
+    place and shares them, so a new spelling costs the same at 100 spellings as at 20,000 (a copy
+    per version made it cost in proportion). A surface form's position is above every earlier
+    one's, so each version sees what it holds by position: the tables' entries that are not
+    surface forms, or whose position is at most the version's last (`Entity._top`).
+    `top` is the newest version's: only that version builds a missing table into them or adds to
+    them (under `lock`, so a table a reader built from an older version is never kept); another
+    version taking a name starts tables of its own.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("by_display", "by_folded", "lock", "top")
+
+    def __init__(self, top: int) -> None:
         self.by_display: dict[str, tuple[Name, ...]] | None = None  # display form -> names
-        self.by_folded: dict[str, list[Name]] | None = None  # casefolded form -> names
-        self.keys: frozenset[str] | None = None
+        self.by_folded: dict[str, list[Name]] | None = None  # casefolded form -> names, in order
+        self.lock = threading.Lock()
+        self.top = top
+
+
+class _Visible(Sequence["Name"]):
+    """The part of a shared casefolded-form list that one version of the entity holds: a
+    prefix, since later versions' surface forms come last (no copy of thousands of names)."""
+
+    __slots__ = ("_end", "_names")
+
+    def __init__(self, names: list[Name], end: int) -> None:
+        self._names = names
+        self._end = end
+
+    def __len__(self) -> int:
+        return self._end
+
+    @overload
+    def __getitem__(self, i: int) -> Name: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Name]: ...
+    def __getitem__(self, i: int | slice) -> Name | Sequence[Name]:
+        if isinstance(i, slice):
+            return self._names[: self._end][i]
+        if not -self._end <= i < self._end:
+            raise IndexError(i)
+        return self._names[i if i >= 0 else self._end + i]
+
+    def __iter__(self) -> Iterator[Name]:
+        return itertools.islice(self._names, self._end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +158,14 @@ class Entity:
     placeholder: bool = False
     redirect_to: str | None = None
     names: tuple[Name, ...] = field(default=())
-    # Tables over the names when there are many (DISPLAY_TABLE_FROM); a version of the entity
-    # made by dataclasses.replace builds its own.
+    # Tables over the names when there are many (DISPLAY_TABLE_FROM), shared along versions made
+    # by `with_name`; a version made by dataclasses.replace builds its own.
     _tables: _NameTables | None = field(default=None, init=False, repr=False, compare=False)
+    _keys: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
+    # The names of the version `with_name` made this one from (`names` is those plus one), so
+    # the index re-files one name without comparing thousands; it lets go of them (`grew_from`).
+    _grown_from: tuple[Name, ...] | None = field(
+        default=None, init=False, repr=False, compare=False)
     ordered: InitVar[bool] = False  # `names` is in matched_name order already: no sort
 
     def __post_init__(self, ordered: bool) -> None:
@@ -129,31 +175,45 @@ class Entity:
 
     def with_name(self, name: Name) -> Entity:
         """This entity with one more name. A surface form recorded after the others goes last
-        as it is, with the tables carried over: a much-mentioned entity (thousands of
-        spellings) takes a new one without a pass over its names in Python."""
+        as it is, and shares this version's tables (adding itself to them): a much-mentioned
+        entity (thousands of spellings) takes a new one without a pass over its names."""
         names = self.names
-        last = names[-1] if names else None
-        if name.kind is not NameKind.SURFACE or (
-                last is not None and last.kind is NameKind.SURFACE
-                and last.position > name.position):
+        top = self._top()
+        if name.kind is not NameKind.SURFACE or name.position <= top:
             return dataclasses.replace(self, names=names + (name,))
         updated = Entity(self.entity_id, self.entity_type, self.status, self.ordinal,
                          self.placeholder, self.redirect_to, names + (name,), ordered=True)
+        object.__setattr__(updated, "_grown_from", names)
+        keys = self._keys
+        if keys is not None:
+            object.__setattr__(updated, "_keys", keys if name.key in keys else keys | {name.key})
         tables = self._tables
         if tables is not None:
-            carried = _NameTables()
-            if tables.by_display is not None:
-                carried.by_display = dict(tables.by_display)
-                carried.by_display[name.display] = (
-                    carried.by_display.get(name.display, ()) + (name,))
-            if tables.by_folded is not None:
-                carried.by_folded = dict(tables.by_folded)
-                folded = name.folded
-                carried.by_folded[folded] = [*carried.by_folded.get(folded, ()), name]
-            if tables.keys is not None:
-                carried.keys = tables.keys | {name.key}
-            object.__setattr__(updated, "_tables", carried)
+            with tables.lock:
+                if tables.top == top:  # this is the newest version: the tables go on with it
+                    by_display = tables.by_display
+                    if by_display is not None:
+                        by_display[name.display] = by_display.get(name.display, ()) + (name,)
+                    by_folded = tables.by_folded
+                    if by_folded is not None:
+                        by_folded.setdefault(name.folded, []).append(name)
+                    tables.top = name.position
+                    object.__setattr__(updated, "_tables", tables)
         return updated
+
+    def grew_from(self, names: tuple[Name, ...]) -> bool:
+        """Whether this version is `names` plus one surface form, made by `with_name` (known
+        without comparing the names). Asked once, by the index as it files this version."""
+        grown = self._grown_from
+        if grown is None:
+            return False
+        object.__setattr__(self, "_grown_from", None)  # not kept: the index holds each version
+        return grown is names
+
+    def _top(self) -> int:
+        """The position of its last surface form (-1: none): what of the shared tables it sees."""
+        names = self.names
+        return names[-1].position if names and names[-1].kind is NameKind.SURFACE else -1
 
     def next_position(self) -> int:
         """One past the highest position of its names. Each kind's names are in position order
@@ -181,10 +241,11 @@ class Entity:
         names = self.names
         if len(names) < DISPLAY_TABLE_FROM:
             return {n.key for n in names}
-        tables = self._name_tables()
-        if tables.keys is None:
-            tables.keys = frozenset(n.key for n in names)
-        return tables.keys
+        keys = self._keys
+        if keys is None:
+            keys = frozenset(n.key for n in names)
+            object.__setattr__(self, "_keys", keys)
+        return keys
 
     def with_display(self, display: str) -> list[Name]:
         """The names whose display form is `display`, in `names` order (at most one in a
@@ -192,15 +253,14 @@ class Entity:
         names = self.names
         if len(names) < DISPLAY_TABLE_FROM:
             return [n for n in names if n.display == display]
-        return list(self._display_table().get(display, ()))
+        found = self._display_table().get(display, ())
+        top = self._top()
+        return [n for n in found if n.kind is not NameKind.SURFACE or n.position <= top]
 
     def has_display(self, display: str) -> bool:
-        names = self.names
-        if len(names) < DISPLAY_TABLE_FROM:
-            return any(n.display == display for n in names)
-        return display in self._display_table()
+        return bool(self.with_display(display))
 
-    def with_folded(self, folded: str) -> list[Name]:
+    def with_folded(self, folded: str) -> Sequence[Name]:
         """The names whose casefolded form is `folded` (rule 2), in `names` order."""
         names = self.names
         if len(names) < DISPLAY_TABLE_FROM:
@@ -211,8 +271,16 @@ class Entity:
             table = {}
             for n in names:
                 table.setdefault(n.folded, []).append(n)
-            tables.by_folded = table  # racing builders build the same
-        return list(table.get(folded, ()))
+            self._keep(tables, "by_folded", table)
+        found = table.get(folded)
+        if not found:
+            return ()
+        # Those of later versions come last, by position: this version's are a prefix.
+        top = self._top()
+        end = len(found)
+        while end and found[end - 1].kind is NameKind.SURFACE and found[end - 1].position > top:
+            end -= 1
+        return _Visible(found, end)
 
     def _display_table(self) -> dict[str, tuple[Name, ...]]:
         tables = self._name_tables()
@@ -224,13 +292,20 @@ class Entity:
                 table = {}
                 for n in names:
                     table[n.display] = table.get(n.display, ()) + (n,)
-            tables.by_display = table  # racing builders build the same
+            self._keep(tables, "by_display", table)
         return table
+
+    def _keep(self, tables: _NameTables, which: str, table: dict[str, Any]) -> None:
+        """Keep a table this version built, if it is still the newest version to share them
+        (one built from an older version's names would lack a newer one's)."""
+        with tables.lock:
+            if tables.top == self._top() and getattr(tables, which) is None:
+                setattr(tables, which, table)
 
     def _name_tables(self) -> _NameTables:
         tables = self._tables
         if tables is None:
-            tables = _NameTables()
+            tables = _NameTables(self._top())
             object.__setattr__(self, "_tables", tables)  # a racing one's is as good
         return tables
 

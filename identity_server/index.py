@@ -162,7 +162,9 @@ class NameIndex:
                 self._journal.append(((), entity.name_keys() if live else ()))
         else:
             was_live = old.status is not Status.MERGED
-            self._reindex(eid, old.names if was_live else (), after)
+            before = old.names if was_live else ()
+            grown = live and was_live and entity.grew_from(before)
+            self._reindex(eid, before, after, grown=grown)
             self._journal.append((old.name_keys() if was_live else (),
                                   entity.name_keys() if live else ()))
         self._max_ordinal = max(self._max_ordinal, entity.ordinal)
@@ -242,18 +244,20 @@ class NameIndex:
         for variant in deletion_variants(pair.key):
             file(self._placeholder_variants, variant, entity.entity_id)
 
-    def _reindex(self, eid: str, before: tuple[Name, ...], after: tuple[Name, ...]) -> None:
-        """Move eid's entries from the names `before` to the names `after`.
+    def _reindex(self, eid: str, before: tuple[Name, ...], after: tuple[Name, ...], *,
+                 grown: bool = False) -> None:
+        """Move eid's entries from the names `before` to the names `after`; `grown`: after is
+        before plus one name (a new spelling), known without comparing them.
 
         Compared as sets of keys, so a key that two names share (a name and an alias differing
         in case) stays indexed while either remains.
         """
-        if before == after:
-            return
-        if len(after) == len(before) + 1 and after[:-1] == before and self._bulk_anchors is None:
+        if grown and self._bulk_anchors is None:
             added = after[-1]  # one name more (a new spelling): no pass over the others
             add(self._by_key, added.key, eid)
             self._file_anchors(eid, (added,))
+            return
+        if before == after:
             return
         old = {n.key for n in before}
         new = {n.key for n in after}

@@ -7,7 +7,7 @@ turns its Decision into writes (a new entity, a surface form, a placeholder, lin
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -208,7 +208,7 @@ def _candidates(
     index: IndexView,
     ids: Iterable[str],
     mention_type: str,
-    matching: Callable[[Entity], list[Name]],
+    matching: Callable[[Entity], Sequence[Name]],
 ) -> list[Candidate]:
     """Compatible entities among ids, each with its matching names; sorted by rank, then age."""
     out: list[Candidate] = []
