@@ -328,6 +328,52 @@ def test_an_older_version_building_a_table_does_not_hand_it_to_the_newer_one() -
     assert "QUORBEX VEXTRAL" not in [n.display for n in e.with_folded(fold("QUORBEX VEXTRAL"))]
 
 
+def test_readers_of_every_version_see_their_own_names_while_spellings_are_added() -> None:
+    """Lock-free readers on other threads look up names in versions old and new while the
+    writer adds spellings to the tables those versions share: each answer is its version's."""
+    import sys
+    import threading
+
+    e = _spelled_entity(DISPLAY_TABLE_FROM + 10)
+    versions = [e]
+    spellings = []
+    done = threading.Event()
+    wrong: list[str] = []
+
+    def read(seed: int) -> None:
+        rng = random.Random(seed)
+        while not done.is_set() or rng.random() < 0.5:
+            v = rng.choice(versions)
+            own = {n.display for n in v.names}
+            for probe in rng.sample(spellings, min(3, len(spellings))):
+                if v.has_display(probe) != (probe in own):
+                    wrong.append(f"{probe!r} in a version of {len(v.names)} names")
+            folded = [n.display for n in v.with_folded(fold("quorbex vextral"))]
+            if folded != [n.display for n in v.names]:  # every name folds the same here
+                wrong.append(f"casefold lookup of a version of {len(v.names)} names")
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # hand the GIL over often, inside the lookups too
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(3)]
+    try:
+        for t in readers:
+            t.start()
+        rng = random.Random(5)
+        for _ in range(600):
+            spelling = "".join(c.upper() if rng.random() < 0.5 else c for c in "quorbex vextral")
+            if versions[-1].has_display(spelling):
+                continue
+            spellings.append(spelling)
+            versions.append(versions[-1].with_name(
+                Name(spelling, NameKind.SURFACE, versions[-1].next_position())))
+    finally:
+        done.set()
+        for t in readers:
+            t.join()
+        sys.setswitchinterval(switch)
+    assert len(versions) > 50 and not wrong, wrong[:5]
+
+
 def test_an_entity_finds_its_names_by_display_form_with_or_without_a_table() -> None:
     many = tuple(Name(f"Quorbex {i}", NameKind.SURFACE, i) for i in range(1, DISPLAY_TABLE_FROM + 5))
     for names in (many[:3], many):
