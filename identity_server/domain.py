@@ -220,12 +220,10 @@ class Entity:
         and surface forms come last, so that is among the name and aliases (few) and the last
         surface form: no pass over thousands of surface forms."""
         names = self.names
-        tops = []
-        for n in names:
-            if n.kind is NameKind.SURFACE:
-                tops.append(names[-1].position)
-                break
-            tops.append(n.position)
+        start = self.surface_start()
+        tops = [n.position for n in names[:start]]
+        if start < len(names):
+            tops.append(names[-1].position)
         return max(tops, default=0) + 1
 
     def surface_start(self) -> int:
