@@ -224,7 +224,10 @@ def run_job(
     opts = options or JobOptions()
     summary = Summary()
     started = time.monotonic()
-    window_size = max(4 * opts.concurrency, 16)
+    # Papers read ahead of the writer: a chunk more than the calls in flight, so that while
+    # this thread parses the next chunk or writes a group, the callers still have papers to
+    # send (with only the calls in flight queued, the server sat idle through both).
+    window_size = opts.chunk_lines + max(4 * opts.concurrency, 16)
     window: deque[Future[ResolvedPaper | LineReject] | LineReject | _Unchanged] = deque()
     group: list[ResolvedPaper | LineReject] = []
     group_rows = 0

@@ -473,3 +473,51 @@ def test_calls_in_flight_share_one_outage_budget(tmp_path: Path) -> None:
     assert len(gave_up) == 3
     # Each its own budget would end the last near 1.8 s; one shared outage ends all near 1 s.
     assert max(gave_up) < 1.6, gave_up
+
+
+def test_callers_keep_resolving_while_a_group_is_written(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path]) -> None:
+    """The papers read ahead of the writer are a chunk more than the calls in flight: while the
+    writer writes a group (or parses the next chunk), the callers still have papers to send, so
+    the server is not left idle, and the read-ahead stays bounded. Before, only the calls in
+    flight (4 per caller, 16 at least) were queued, and the callers stopped after those."""
+    chunk = 64
+    corpus = jsonl(tmp_path / "in.jsonl", synthetic_papers(
+        300, mentions_per_paper=3, relationships_per_paper=1, seed=11))
+    calls = 0
+    written = 0
+    most_ahead = 0
+    during_first_write: list[int] = []
+    lock = threading.Condition()
+
+    class CountingClient(IdentityClient):
+        def resolve_batch(self, *args: Any, **kwargs: Any) -> Any:
+            nonlocal calls, most_ahead
+            with lock:
+                calls += 1
+                most_ahead = max(most_ahead, calls - written)
+                lock.notify_all()
+            return super().resolve_batch(*args, **kwargs)
+
+    class SlowFirstWrite(GraphSink):
+        def write(self, items: Any) -> Any:
+            nonlocal written
+            with lock:
+                if not during_first_write:
+                    before = calls
+                    # Holds the writer until the callers have sent 40 more papers (or 10 s).
+                    lock.wait_for(lambda: calls >= before + 40, timeout=10)
+                    during_first_write.append(calls - before)
+            outcome = super().write(items)
+            with lock:
+                written += len(items)
+            return outcome
+
+    with SlowFirstWrite(tmp_path / "g.duckdb") as sink, \
+            CountingClient(stub.address, policy=FAST) as client:
+        summary = run_job([corpus], sink=sink, resolver=client, options=JobOptions(
+            concurrency=1, chunk_lines=chunk, group_papers=20))
+    assert summary.ingested == 300
+    assert during_first_write[0] >= 40, during_first_write
+    # Bounded: the read-ahead (a chunk, the calls in flight, the one just sent) and a group.
+    assert most_ahead <= chunk + 16 + 1 + 20, most_ahead
