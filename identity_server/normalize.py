@@ -72,6 +72,10 @@ def key_of_folded(folded: str) -> str:
     """`key` of a display form already casefolded (the same object when nothing is deleted)."""
     if folded.isalnum():  # the common case: nothing to delete
         return folded
+    if folded.isascii():  # most names: bytes.translate, several times faster than str's
+        kept = folded.encode("ascii").translate(None, _ascii_deleted())
+        if kept.isalpha():  # letters only: there were no digits, so no mark between two
+            return kept.decode("ascii")
     if _DIGIT.search(folded) is None:  # no digits: no mark can stand between two
         return folded.translate(_deletion_table())
     return _NOT_WORD.sub(_kept_in_key, folded)
@@ -103,9 +107,16 @@ def _deletion_table() -> dict[int, None]:
     return table
 
 
+@functools.cache
+def _ascii_deleted() -> bytes:
+    """The ASCII characters `_deletion_table` deletes, for bytes.translate."""
+    table = _deletion_table()
+    return bytes(cp for cp in range(128) if cp in table)
+
+
 def warm_up() -> None:
     """Build the lazily made Unicode tables now (about half a second), not in a first request."""
-    _deletion_table()
+    _ascii_deleted()
 
 
 def _guarded(s: str, i: int) -> bool:

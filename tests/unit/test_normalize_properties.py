@@ -102,6 +102,42 @@ def test_key_keeps_every_letter_symbol_and_digit(raw: str) -> None:
     assert [c for c in k if not unicodedata.category(c).startswith("P")] == kept
 
 
+def oracle_key(display: str) -> str:
+    """SPEC section 2's key, character by character: casefold, then delete White_Space and P*
+    except '#' and a mark with a digit on each side (in the casefolded form)."""
+    folded = display.casefold()
+    out = []
+    for i, c in enumerate(folded):
+        if c in WHITE_SPACE:
+            continue
+        between_digits = 0 < i < len(folded) - 1 and _is_digit(folded[i - 1]) and _is_digit(
+            folded[i + 1])
+        if unicodedata.category(c).startswith("P") and c != "#" and not between_digits:
+            continue
+        out.append(c)
+    return "".join(out)
+
+
+ascii_text = st.text(st.characters(max_codepoint=127), max_size=30)
+# ASCII names: words, spaces, marks and now and then a digit (the fast path and its way out).
+ascii_name = st.text(st.sampled_from(list("abcXYZ   -.,'&()/_:#+19")), max_size=25)
+
+
+@FAST
+@given(st.one_of(any_text, tricky_text, ascii_text, ascii_name))
+def test_key_matches_the_definition(raw: str) -> None:
+    display = display_form(raw)
+    assert key(display) == oracle_key(display)
+    assert key(raw) == oracle_key(raw)  # and on text that is not a display form
+
+
+def test_key_of_ascii_names() -> None:
+    assert key("Mem-Castle") == key("mem castle") == key("MemCastle") == "memcastle"
+    assert key("O'Brien, J. (ed.)") == "obrienjed"
+    assert key("Windows 1.0") == "windows1.0" and key("Windows 10") == "windows10"
+    assert key("C#") == "c#" and key("C++") == "c++" and key("A\x1cB") == "a\x1cb"
+
+
 # -- one edit: the oracle -------------------------------------------------------------------------
 
 
