@@ -170,8 +170,29 @@ class Entity:
 
     def __post_init__(self, ordered: bool) -> None:
         if not ordered and (len(self.names) > 1 or not isinstance(self.names, tuple)):
-            in_order = tuple(sorted(self.names, key=lambda n: (_KIND_ORDER[n.kind], n.position)))
+            in_order = tuple(sorted(self.names, key=_name_order))
             object.__setattr__(self, "names", in_order)
+
+    @staticmethod
+    def loaded(entity_id: str, entity_type: str, status: Status, ordinal: int,
+               placeholder: bool, redirect_to: str | None, names: tuple[Name, ...]) -> Entity:
+        """`Entity(...)` for start-up, which builds a million of them: the same entity, its
+        fields set through the slots' own setters, about twice as fast as the frozen
+        dataclass's `__init__` (names in any order, sorted as there)."""
+        if len(names) > 1:
+            names = tuple(sorted(names, key=_name_order))
+        entity = _new_entity(Entity)
+        _set_id(entity, entity_id)
+        _set_type(entity, entity_type)
+        _set_status(entity, status)
+        _set_ordinal(entity, ordinal)
+        _set_placeholder(entity, placeholder)
+        _set_redirect(entity, redirect_to)
+        _set_names(entity, names)
+        _set_tables(entity, None)
+        _set_keys(entity, None)
+        _set_grown_from(entity, None)
+        return entity
 
     def with_name(self, name: Name) -> Entity:
         """This entity with one more name. A surface form recorded after the others goes last
@@ -313,6 +334,17 @@ class Entity:
             if n.kind is NameKind.NAME:
                 return n.display
         return ""
+
+
+def _name_order(n: Name) -> tuple[int, int]:
+    return (_KIND_ORDER[n.kind], n.position)
+
+
+_new_entity = object.__new__
+# The setters of Entity's slots, for `Entity.loaded` (which sets every field: see the test).
+(_set_id, _set_type, _set_status, _set_ordinal, _set_placeholder, _set_redirect, _set_names,
+ _set_tables, _set_keys, _set_grown_from) = (
+    getattr(Entity, f.name).__set__ for f in dataclasses.fields(Entity))
 
 
 def is_provisional_id(entity_id: str) -> bool:

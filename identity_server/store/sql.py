@@ -695,7 +695,7 @@ class Tx:
         name_rows = self._stream(
             "SELECT entity_id, display, kind, position FROM names "
             f"WHERE kind <> 'retired' ORDER BY {order}", batch, "load_names")
-        kinds, statuses = _KINDS, _STATUSES  # locals: read once a row
+        kinds, statuses, loaded = _KINDS, _STATUSES, Entity.loaded  # locals: read once a row
         types: dict[str, str] = {}  # one string per type, not one per entity
         pending = next(name_rows, None)
         for eid, ordinal, entity_type, status_text, placeholder, redirect_to in entity_rows:
@@ -707,7 +707,7 @@ class Tx:
                 found.append(Name(pending[1], kinds[pending[2]], pending[3]))
                 pending = next(name_rows, None)
             status = statuses[status_text]
-            yield Entity(eid, entity_type, status, ordinal, bool(placeholder), redirect_to,
+            yield loaded(eid, entity_type, status, ordinal, bool(placeholder), redirect_to,
                          () if status is Status.MERGED else tuple(found))
 
     def _stream(self, sql: str, batch: int, name: str) -> Iterator[tuple[Any, ...]]:

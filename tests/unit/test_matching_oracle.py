@@ -387,3 +387,22 @@ def test_an_entity_finds_its_names_by_display_form_with_or_without_a_table() -> 
     twice = Entity("q2", "method", Status.CANONICAL, 2, names=(
         Name("Vextral", NameKind.NAME, 0), Name("Vextral", NameKind.ALIAS, 1), *many))
     assert twice.with_display("Vextral") == [twice.names[0], twice.names[1]]
+
+
+@pytest.mark.parametrize("names", [
+    (),
+    (Name("Graph Attention", NameKind.NAME, 0),),
+    (Name("gat", NameKind.SURFACE, 4), Name("Graph Attention", NameKind.NAME, 0),
+     Name("GAT", NameKind.ALIAS, 2), Name("G.A.T.", NameKind.SURFACE, 3)),
+])
+def test_an_entity_loaded_at_start_up_is_the_one_the_constructor_builds(
+        names: tuple[Name, ...]) -> None:
+    """`Entity.loaded` sets the slots itself (start-up's faster path): every field, the ones
+    `__init__` leaves to their defaults included, must come out as `Entity(...)` makes them."""
+    args = ("prov_7", "method", Status.PROVISIONAL, 7, True, "prov_9", names)
+    built, loaded = Entity(*args), Entity.loaded(*args)
+    for f in dataclasses.fields(Entity):
+        assert getattr(loaded, f.name) == getattr(built, f.name), f.name
+    assert [n.kind for n in loaded.names] == sorted(
+        (n.kind for n in names), key=[NameKind.NAME, NameKind.ALIAS, NameKind.SURFACE].index)
+    assert loaded.with_name(Name("gat2", NameKind.SURFACE, 9)).names[-1].display == "gat2"
