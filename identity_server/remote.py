@@ -36,7 +36,9 @@ from identity_server.settings import MAX_MESSAGE_BYTES, Settings
 
 Metadata = tuple[tuple[str, str], ...]
 _PAGE = 1000  # links asked for per ListPossiblySameAs call (the server's most)
-_FORMS_SHOWN = 20  # surface forms printed by default: a much-mentioned entity has thousands
+# Surface forms fetched and printed by default (`entity`, and the admin commands' replies): a
+# much-mentioned entity has thousands.
+_FORMS_SHOWN = 20
 _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 
@@ -120,7 +122,7 @@ def settle(args: argparse.Namespace) -> int:
     with _server(args) as call:
         reply = call("SettlePossiblySameAs", pb.SettlePossiblySameAsRequest(
             entity_id=args.entity_id, other_id=args.other_id, decision=decision, actor=actor,
-            reason=args.reason), admin=True)
+            reason=args.reason, max_surface_forms=_FORMS_SHOWN), admin=True)
     return _show(args, reply.entity)
 
 
@@ -133,21 +135,22 @@ def _login_name() -> str:
 
 def merge(args: argparse.Namespace) -> int:
     with _server(args) as call:
-        reply = call("Merge", pb.MergeRequest(source_id=args.source_id,
-                                              target_id=args.target_id), admin=True)
+        reply = call("Merge", pb.MergeRequest(source_id=args.source_id, target_id=args.target_id,
+                                              max_surface_forms=_FORMS_SHOWN), admin=True)
     return _show(args, reply.entity)
 
 
 def promote(args: argparse.Namespace) -> int:
     with _server(args) as call:
-        reply = call("Promote", pb.PromoteRequest(entity_id=args.entity_id), admin=True)
+        reply = call("Promote", pb.PromoteRequest(entity_id=args.entity_id,
+                                                  max_surface_forms=_FORMS_SHOWN), admin=True)
     return _show(args, reply.entity)
 
 
 def alias(args: argparse.Namespace) -> int:
     with _server(args) as call:
-        reply = call("AddAlias", pb.AddAliasRequest(entity_id=args.entity_id,
-                                                    alias=args.alias), admin=True)
+        reply = call("AddAlias", pb.AddAliasRequest(entity_id=args.entity_id, alias=args.alias,
+                                                    max_surface_forms=_FORMS_SHOWN), admin=True)
     return _show(args, reply.entity)
 
 
@@ -281,7 +284,8 @@ def _show(args: argparse.Namespace, e: pb.Entity, *, forms: int = _FORMS_SHOWN,
                 if shown and (offset or more) else "")
         listed = " | ".join(shown) if shown else f"none from {offset + 1:,} on ({total:,} in all)"
         print(f"surface_forms: {span}{listed}"
-              + (f"  ... and {more:,} more (--forms 0: all)" if more else ""))
+              + (f"  ... and {more:,} more (`entity {e.entity_id} --forms 0`: all)"
+                 if more else ""))
     if e.status == pb.MERGED:
         print("evidence:      moved with its names to the entity it redirects to")
     else:

@@ -756,19 +756,13 @@ class IdentityService:
                    surface_forms_offset: int = 0) -> EntityView:
         """One entity; with `max_surface_forms`, a page of its surface forms only (a
         much-mentioned entity has thousands, which a caller rarely wants all of)."""
-        if max_surface_forms is not None and max_surface_forms < 0:
-            raise InvalidArgument(f"max_surface_forms is {max_surface_forms}; it must be 0 or "
-                                  f"more (leave it unset for all of them)")
-        if surface_forms_offset < 0:
-            raise InvalidArgument(f"surface_forms_offset is {surface_forms_offset}; it must be "
-                                  f"0 or more")
-        end = None if max_surface_forms is None else surface_forms_offset + max_surface_forms
+        forms = _forms_page(max_surface_forms, surface_forms_offset)
 
         def work(tx: Tx) -> EntityView:
             entity = self.index.get(_checked_id(entity_id)) if entity_id else None
             if entity is None:
                 raise EntityNotFound(f"no entity with id {entity_id!r}")
-            return self._view(tx, entity, slice(surface_forms_offset, end))
+            return self._view(tx, entity, forms)
 
         return self._read(work)
 
@@ -822,7 +816,11 @@ class IdentityService:
 
     # -- curating (admin) --------------------------------------------------------------------------
 
-    def add_alias(self, entity_id: str, alias: str) -> EntityView:
+    def add_alias(self, entity_id: str, alias: str, *,
+                  max_surface_forms: int | None = None) -> EntityView:
+        """The entity with one more alias; the reply's entity, like those of the other admin
+        calls, lists `max_surface_forms` of its surface forms at most (None: all)."""
+        forms = _forms_page(max_surface_forms)
         display = display_form(alias)
         if not display or not key(display):
             raise InvalidArgument("alias is empty or has no letters, digits or symbols")
@@ -832,31 +830,37 @@ class IdentityService:
         def work(u: Unit) -> EntityView:
             entity = self._live(entity_id)
             entity = u.add_name(entity, display, NameKind.ALIAS, CURATOR)
-            return self._view(u.tx, entity)
+            return self._view(u.tx, entity, forms)
 
         return self._write(work)
 
-    def promote(self, entity_id: str) -> EntityView:
+    def promote(self, entity_id: str, *, max_surface_forms: int | None = None) -> EntityView:
+        forms = _forms_page(max_surface_forms)
+
         def work(u: Unit) -> EntityView:
             entity = u.promote(self._live(entity_id), reason="admin")
             self._known_papers.pop(entity.entity_id, None)
-            return self._view(u.tx, entity)
+            return self._view(u.tx, entity, forms)
 
         return self._write(work)
 
-    def merge(self, source_id: str, target_id: str) -> EntityView:
+    def merge(self, source_id: str, target_id: str, *,
+              max_surface_forms: int | None = None) -> EntityView:
+        forms = _forms_page(max_surface_forms)
+
         def work(u: Unit) -> EntityView:
             source, target = self._live(source_id), self._live(target_id)
             if source.entity_id == target.entity_id and source_id != target_id:
-                return self._view(u.tx, target)  # the pair is already merged: a no-op
+                return self._view(u.tx, target, forms)  # the pair is already merged: a no-op
             u.check_mergeable(source, target)
             merged = u.merge(source, target, reason="admin")
-            return self._view(u.tx, self._promote_when_due(u, merged))
+            return self._view(u.tx, self._promote_when_due(u, merged), forms)
 
         return self._write(work)
 
     def settle(self, entity_id: str, other_id: str, decision: str, *, actor: str,
-               reason: str) -> EntityView:
+               reason: str, max_surface_forms: int | None = None) -> EntityView:
+        forms = _forms_page(max_surface_forms)
         if decision not in (SAME, DISTINCT):
             raise InvalidArgument("decision must be SAME or DISTINCT")
         if not actor.strip() or not reason.strip():
@@ -887,7 +891,7 @@ class IdentityService:
                          reason=reason)
             u.tx.put_link(a.entity_id, b.entity_id, decision, seq, actor=actor, reason=reason,
                           now=u.now)
-            return self._view(u.tx, result)
+            return self._view(u.tx, result, forms)
 
         return self._write(work)
 
@@ -1035,6 +1039,17 @@ class IdentityService:
             elif len(found) > 1:
                 linked = [c for c in found if u.link(pid, c.entity_id)]
                 counts["linked"] += bool(linked)
+
+
+def _forms_page(max_surface_forms: int | None, offset: int = 0) -> slice:
+    """Which of an entity's surface forms a reply lists: `max_surface_forms` of them (None:
+    all) from `offset` on."""
+    if max_surface_forms is not None and max_surface_forms < 0:
+        raise InvalidArgument(f"max_surface_forms is {max_surface_forms}; it must be 0 or more "
+                              f"(leave it unset for all of them)")
+    if offset < 0:
+        raise InvalidArgument(f"surface_forms_offset is {offset}; it must be 0 or more")
+    return slice(offset, None if max_surface_forms is None else offset + max_surface_forms)
 
 
 def _checked_id(value: str, what: str = "id") -> str:

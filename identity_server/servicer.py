@@ -201,25 +201,29 @@ class IdentityServicer:
     @_rpc()
     async def GetEntity(self, request: pb.GetEntityRequest,
                         context: Context) -> pb.GetEntityResponse:
-        limit = (request.max_surface_forms if request.HasField("max_surface_forms") else None)
         view = await self._off_loop(functools.partial(
-            self.service.get_entity, request.entity_id, max_surface_forms=limit,
+            self.service.get_entity, request.entity_id, max_surface_forms=_forms_cap(request),
             surface_forms_offset=request.surface_forms_offset))
         return pb.GetEntityResponse(entity=entity_message(view))
 
     @_rpc(admin=True)
     async def AddAlias(self, request: pb.AddAliasRequest, context: Context) -> pb.AddAliasResponse:
-        view = await self._off_loop(self.service.add_alias, request.entity_id, request.alias)
+        view = await self._off_loop(functools.partial(
+            self.service.add_alias, request.entity_id, request.alias,
+            max_surface_forms=_forms_cap(request)))
         return pb.AddAliasResponse(entity=entity_message(view))
 
     @_rpc(admin=True)
     async def Promote(self, request: pb.PromoteRequest, context: Context) -> pb.PromoteResponse:
-        view = await self._off_loop(self.service.promote, request.entity_id)
+        view = await self._off_loop(functools.partial(
+            self.service.promote, request.entity_id, max_surface_forms=_forms_cap(request)))
         return pb.PromoteResponse(entity=entity_message(view))
 
     @_rpc(admin=True)
     async def Merge(self, request: pb.MergeRequest, context: Context) -> pb.MergeResponse:
-        view = await self._off_loop(self.service.merge, request.source_id, request.target_id)
+        view = await self._off_loop(functools.partial(
+            self.service.merge, request.source_id, request.target_id,
+            max_surface_forms=_forms_cap(request)))
         return pb.MergeResponse(entity=entity_message(view))
 
     @_rpc()
@@ -244,7 +248,7 @@ class IdentityServicer:
             raise InvalidArgument("decision must be SAME or DISTINCT")
         view = await self._off_loop(functools.partial(
             self.service.settle, request.entity_id, request.other_id, decision,
-            actor=request.actor, reason=request.reason))
+            actor=request.actor, reason=request.reason, max_surface_forms=_forms_cap(request)))
         return pb.SettlePossiblySameAsResponse(entity=entity_message(view))
 
     @_rpc(admin=True)
@@ -323,6 +327,11 @@ def _json(detail: dict[str, Any]) -> str:
 
 def _rfc3339(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e6):06d}Z"
+
+
+def _forms_cap(request: Any) -> int | None:
+    """A request's `max_surface_forms`, None when unset (all of them)."""
+    return request.max_surface_forms if request.HasField("max_surface_forms") else None
 
 
 def _mentions(request: pb.ResolveBatchRequest) -> list[tuple[str, str]]:

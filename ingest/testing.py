@@ -262,6 +262,10 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):  # type: ignore[misc
         self._enter("Merge", context)
         self._check_admin(context)
         try:
+            cap = request.max_surface_forms if request.HasField("max_surface_forms") else None
+            if cap is not None and cap < 0:
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "max_surface_forms must be 0 or more")
+            forms = slice(0, cap)
             with self._lock:
                 source = self._live(request.source_id)
                 target = self._live(request.target_id)
@@ -269,13 +273,13 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):  # type: ignore[misc
                     if request.source_id == request.target_id:
                         raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                                      "cannot merge an entity into itself")
-                    return pb.MergeResponse(entity=self._entity_pb(target))
+                    return pb.MergeResponse(entity=self._entity_pb(target, forms))
                 source.status = pb.MERGED
                 source.redirect_to = target.entity_id
                 target.surface_forms.extend([source.name, *source.surface_forms])
                 target.contexts.extend(source.contexts)
                 self._record(pb.CHANGE_KIND_MERGED, source.entity_id, target.entity_id, {})
-                return pb.MergeResponse(entity=self._entity_pb(target))
+                return pb.MergeResponse(entity=self._entity_pb(target, forms))
         except _Abort as e:
             _abort(context, e.code, e.message)
 

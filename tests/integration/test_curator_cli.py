@@ -184,7 +184,8 @@ def test_admin_commands_without_the_token_say_how_to_give_it(
 
 
 def test_entity_fetches_and_shows_a_page_of_surface_forms(
-        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture) -> None:
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     name = "graph attention network"
     eid = _resolve(stub, name, "method").entity_id
     forms = []
@@ -224,6 +225,17 @@ def test_entity_fetches_and_shows_a_page_of_surface_forms(
 
     assert _run(server, "entity", "no-such-id") == 1
     assert "NOT_FOUND" in capsys.readouterr().err
+
+    # The admin commands' replies carry the same first 20, not all 25.
+    monkeypatch.setenv("IDENTITY_ADMIN_TOKEN", ADMIN_TOKEN)
+    assert _run(server, "alias", eid, "GAT") == 0
+    out = capsys.readouterr().out
+    assert (f"surface_forms: [1-20 of 25] {' | '.join(forms[:20])}  ... and 5 more "
+            f"(`entity {eid} --forms 0`: all)") in out
+    assert "aliases:       GAT" in out
+    assert _run(server, "promote", eid, "--json") == 0  # only those 20 travel
+    promoted = json.loads(capsys.readouterr().out)
+    assert promoted["surface_forms"] == forms[:20] and promoted["surface_form_count"] == "25"
 
 
 def test_admin_commands_against_a_server_without_admin_say_so(

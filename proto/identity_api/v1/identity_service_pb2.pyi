@@ -199,12 +199,14 @@ class GetEntityResponse(_message.Message):
     def __init__(self, entity: _Optional[_Union[Entity, _Mapping]] = ...) -> None: ...
 
 class AddAliasRequest(_message.Message):
-    __slots__ = ("entity_id", "alias")
+    __slots__ = ("entity_id", "alias", "max_surface_forms")
     ENTITY_ID_FIELD_NUMBER: _ClassVar[int]
     ALIAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SURFACE_FORMS_FIELD_NUMBER: _ClassVar[int]
     entity_id: str
     alias: str
-    def __init__(self, entity_id: _Optional[str] = ..., alias: _Optional[str] = ...) -> None: ...
+    max_surface_forms: int
+    def __init__(self, entity_id: _Optional[str] = ..., alias: _Optional[str] = ..., max_surface_forms: _Optional[int] = ...) -> None: ...
 
 class AddAliasResponse(_message.Message):
     __slots__ = ("entity",)
@@ -213,10 +215,12 @@ class AddAliasResponse(_message.Message):
     def __init__(self, entity: _Optional[_Union[Entity, _Mapping]] = ...) -> None: ...
 
 class PromoteRequest(_message.Message):
-    __slots__ = ("entity_id",)
+    __slots__ = ("entity_id", "max_surface_forms")
     ENTITY_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_SURFACE_FORMS_FIELD_NUMBER: _ClassVar[int]
     entity_id: str
-    def __init__(self, entity_id: _Optional[str] = ...) -> None: ...
+    max_surface_forms: int
+    def __init__(self, entity_id: _Optional[str] = ..., max_surface_forms: _Optional[int] = ...) -> None: ...
 
 class PromoteResponse(_message.Message):
     __slots__ = ("entity",)
@@ -225,12 +229,14 @@ class PromoteResponse(_message.Message):
     def __init__(self, entity: _Optional[_Union[Entity, _Mapping]] = ...) -> None: ...
 
 class MergeRequest(_message.Message):
-    __slots__ = ("source_id", "target_id")
+    __slots__ = ("source_id", "target_id", "max_surface_forms")
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_SURFACE_FORMS_FIELD_NUMBER: _ClassVar[int]
     source_id: str
     target_id: str
-    def __init__(self, source_id: _Optional[str] = ..., target_id: _Optional[str] = ...) -> None: ...
+    max_surface_forms: int
+    def __init__(self, source_id: _Optional[str] = ..., target_id: _Optional[str] = ..., max_surface_forms: _Optional[int] = ...) -> None: ...
 
 class MergeResponse(_message.Message):
     __slots__ = ("entity",)
@@ -267,18 +273,20 @@ class ListPossiblySameAsResponse(_message.Message):
     def __init__(self, links: _Optional[_Iterable[_Union[PossiblySameAsLink, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class SettlePossiblySameAsRequest(_message.Message):
-    __slots__ = ("entity_id", "other_id", "decision", "actor", "reason")
+    __slots__ = ("entity_id", "other_id", "decision", "actor", "reason", "max_surface_forms")
     ENTITY_ID_FIELD_NUMBER: _ClassVar[int]
     OTHER_ID_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    MAX_SURFACE_FORMS_FIELD_NUMBER: _ClassVar[int]
     entity_id: str
     other_id: str
     decision: Decision
     actor: str
     reason: str
-    def __init__(self, entity_id: _Optional[str] = ..., other_id: _Optional[str] = ..., decision: _Optional[_Union[Decision, str]] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    max_surface_forms: int
+    def __init__(self, entity_id: _Optional[str] = ..., other_id: _Optional[str] = ..., decision: _Optional[_Union[Decision, str]] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ..., max_surface_forms: _Optional[int] = ...) -> None: ...
 
 class SettlePossiblySameAsResponse(_message.Message):
     __slots__ = ("entity",)
