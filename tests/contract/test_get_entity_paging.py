@@ -6,6 +6,7 @@ calls' replies take the same cap (`max_surface_forms`)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -23,13 +24,8 @@ FORMS = ["".join(c.upper() if bits >> i & 1 else c for i, c in enumerate(NAME))
          for bits in range(1, 8)]
 
 
-@pytest.fixture(params=["stub", "real"])
-def service(request: pytest.FixtureRequest,
-            tmp_path: Path) -> Iterator[pb_grpc.IdentityServiceStub]:
-    if request.param == "stub":
-        with serve_stub(admin_token=TOKEN) as stub_server, grpc.insecure_channel(stub_server.address) as channel:
-            yield pb_grpc.IdentityServiceStub(channel)
-        return
+@contextmanager
+def _real_server(tmp_path: Path) -> Iterator[pb_grpc.IdentityServiceStub]:
     from identity_server.server import start_server
     from identity_server.settings import Settings
 
@@ -40,6 +36,18 @@ def service(request: pytest.FixtureRequest,
             yield pb_grpc.IdentityServiceStub(channel)
     finally:
         running.stop(grace=0.5)
+
+
+@pytest.fixture(params=["stub", "real"])
+def service(request: pytest.FixtureRequest,
+            tmp_path: Path) -> Iterator[pb_grpc.IdentityServiceStub]:
+    if request.param == "stub":
+        with serve_stub(admin_token=TOKEN) as stub_server, \
+                grpc.insecure_channel(stub_server.address) as channel:
+            yield pb_grpc.IdentityServiceStub(channel)
+        return
+    with _real_server(tmp_path) as client:
+        yield client
 
 
 def _entity(service: pb_grpc.IdentityServiceStub, entity_id: str, **page: int) -> pb.Entity:
@@ -133,16 +141,8 @@ def test_a_negative_cap_on_a_merge_is_invalid_argument_and_merges_nothing(
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[pb_grpc.IdentityServiceStub]:
     """The real server alone: the stub serves only the admin calls ingest uses (Merge)."""
-    from identity_server.server import start_server
-    from identity_server.settings import Settings
-
-    running = start_server(Settings(db_url=f"sqlite:///{tmp_path / 'identity.sqlite'}", port=0,
-                                    admin_token=TOKEN))
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            yield pb_grpc.IdentityServiceStub(channel)
-    finally:
-        running.stop(grace=0.5)
+    with _real_server(tmp_path) as client:
+        yield client
 
 
 def test_every_admin_reply_takes_the_cap(server: pb_grpc.IdentityServiceStub) -> None:
