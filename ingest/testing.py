@@ -244,16 +244,11 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):  # type: ignore[misc
                   context: grpc.ServicerContext) -> pb.GetEntityResponse:
         self._enter("GetEntity", context)
         try:
-            start = request.surface_forms_offset
-            end = (start + request.max_surface_forms
-                   if request.HasField("max_surface_forms") else None)
-            if start < 0 or (end is not None and end < start):
-                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
-                             "max_surface_forms and surface_forms_offset must be 0 or more")
+            forms = _surface_page(request, request.surface_forms_offset)
             with self._lock:
                 self._live(request.entity_id)
                 return pb.GetEntityResponse(entity=self._entity_pb(
-                    self._entities[request.entity_id], slice(start, end)))
+                    self._entities[request.entity_id], forms))
         except _Abort as e:
             _abort(context, e.code, e.message)
 
@@ -262,10 +257,7 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):  # type: ignore[misc
         self._enter("Merge", context)
         self._check_admin(context)
         try:
-            cap = request.max_surface_forms if request.HasField("max_surface_forms") else None
-            if cap is not None and cap < 0:
-                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "max_surface_forms must be 0 or more")
-            forms = slice(0, cap)
+            forms = _surface_page(request)
             with self._lock:
                 source = self._live(request.source_id)
                 target = self._live(request.target_id)
@@ -359,6 +351,15 @@ class StubServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _surface_page(request: Any, start: int = 0) -> slice:
+    """The surface forms a request's reply lists: `max_surface_forms` (unset: all) from start."""
+    end = start + request.max_surface_forms if request.HasField("max_surface_forms") else None
+    if start < 0 or (end is not None and end < start):
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                     "max_surface_forms (and surface_forms_offset) must be 0 or more")
+    return slice(start, end)
 
 
 def serve_stub(*, port: int = 0, max_workers: int = 8,
