@@ -24,16 +24,17 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, Protocol, TypedDict
+from typing import NamedTuple, Protocol, TypedDict, cast
 
 import pytest
 
-from identity_server.domain import MatchKind, Status
+from identity_server.domain import Entity, MatchKind, Status
 from identity_server.errors import FailedPrecondition, InvalidArgument
 from identity_server.normalize import WHITE_SPACE, display_form, key, one_edit_apart
 from identity_server.server import build_service
 from identity_server.service import (
     EntityView,
+    IdentityService,
     ImportReport,
     ItemError,
     ResolveResult,
@@ -846,6 +847,27 @@ def run_against_the_model(db_url: str, seed: int, steps: int = 150,
                     run.resolve(*mentions[0], paper)
                 run.check_links(("resolve", step, paper, mentions))
         run.check_entities()
+        if start is build_service:
+            _check_a_restart_loads_what_each_service_holds(services, settings)
     finally:
         for service in services:
             service.close()
+
+
+def _check_a_restart_loads_what_each_service_holds(services: list[Service],
+                                                   settings: Settings) -> None:
+    """The index a restart builds from the store (start-up's own path: streamed rows,
+    `Entity.loaded`) holds every entity exactly as each running service's index does."""
+    def entities(service: IdentityService) -> dict[str, Entity]:
+        # Read as a request is: after the service has caught up with every commit.
+        return service._read(lambda tx: {e.entity_id: e for e in service.index.entities()})
+
+    restarted = build_service(settings)
+    try:
+        loaded = entities(restarted)
+        for service in services:
+            held = entities(cast(IdentityService, service))
+            assert held == loaded
+            assert all(held[i].names == loaded[i].names for i in held)
+    finally:
+        restarted.close()
