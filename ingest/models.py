@@ -178,6 +178,14 @@ class MentionIn(BaseModel):
             raise ValueError(f"text is {len(value)} characters long, more than the cap of {cap}")
         return value
 
+    @field_validator("type", mode="before")
+    @classmethod
+    def _null_type(cls, value: object) -> object:
+        """A null type reads as blank: extractors write null for a mention they found but
+        could not label, and losing the mention (and its relationships) for it would cost
+        more than the wildcard does."""
+        return "" if value is None else value
+
     @field_validator("type")
     @classmethod
     def _type(cls, value: str) -> str:

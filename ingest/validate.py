@@ -392,6 +392,8 @@ def _fast_paper(
             mid = str(mid)
         text = m.get("text")
         etype = m.get("type")
+        if etype is None and "type" in m:  # null reads as blank (MentionIn); missing is refused
+            etype = ""
         if (type(mid) is not _STR or type(text) is not _STR or type(etype) is not _STR
                 or len(mid) > max_id or len(text) > max_text or len(etype) > 128
                 or mid in seen or not mid.strip() or not text.strip()):

@@ -170,6 +170,21 @@ def test_a_blank_type_is_kept_for_the_server_to_read_as_other() -> None:
     assert [r.reason for r in missing.rejects] == ["mentions[2].type: required field is missing"]
 
 
+def test_a_null_type_is_read_as_blank() -> None:
+    """Extractors write null for a mention they could not label: the mention and its
+    relationships are kept, the type blank (the server's `other`); a type of another JSON type
+    is still refused."""
+    mentions = [*paper()["mentions"], {"id": "m3", "text": "Transformer", "type": None}]
+    rels = [*paper()["relationships"], {"subject": "m3", "predicate": "uses", "object": "m1"}]
+    p = parse(paper(mentions=mentions, relationships=rels))
+    assert isinstance(p, CheckedPaper) and p.rejects == ()
+    assert [(m.mention_id, m.entity_type) for m in p.mentions][-1] == ("m3", "")
+    assert len(p.relationships) == 2
+    numbered = parse(paper(mentions=[*paper()["mentions"], {"id": "m3", "text": "X", "type": 7}]))
+    assert [r.reason for r in numbered.rejects] == [
+        "mentions[2].type: Input should be a valid string (got int)"]
+
+
 def test_integer_ids_and_revisions_are_read_as_their_decimal_text() -> None:
     """Extractors often number their mentions; "1" and 1 name the same mention."""
     raw = json.dumps({

@@ -172,6 +172,17 @@ def test_a_blank_type_is_taken_by_both_paths_alike() -> None:
     assert slow.rejects == () and fast == slow
 
 
+def test_a_null_type_is_read_as_blank_by_both_paths_and_a_missing_one_refused() -> None:
+    fast, slow = both(with_mention(type=None))
+    assert slow.rejects == () and fast == slow
+    assert slow.mentions[-1].entity_type == ""
+    missing = with_mention()
+    del missing["mentions"][-1]["type"]
+    fast, slow = both(missing)
+    assert fast is None
+    assert [r.reason for r in slow.rejects] == ["mentions[3].type: required field is missing"]
+
+
 def test_caps_are_declined_past_them_and_taken_at_them() -> None:
     fast, slow = both(paper(), Limits(max_mentions=2))
     assert fast is None and slow.rejects != ()
