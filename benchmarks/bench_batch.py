@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.common import Row, drive, fmt_rate, median
+from benchmarks.common import LoadResult, Row, drive, fmt_rate, median
 from benchmarks.data import Stored, mention_mix, mention_mix_of
 from benchmarks.grpc_load import Client, batch_requests
 from identity_server.domain import Entity, Name, NameKind, Status, provisional_id
@@ -36,21 +36,29 @@ def side_by_side(server: Client, echo: Client, pool: Sequence[Stored], *, size: 
     """Rounds alternating between the server and the echo, each round fresh mentions (the same
     for both) under fresh context ids; the ratio is the median of the rounds' ratios, so drift
     between rounds cancels."""
-    got: list[float] = []
-    base: list[float] = []
-    errors = {"server": 0, "echo": 0}
+    results: dict[str, list[LoadResult]] = {"server": [], "echo": []}
     for r in range(rounds):
         mentions = mention_mix(pool, max(items, size * concurrency), MIX,
                                seed=size * 1000 + r)
-        for side, client, rates in (("server", server, got), ("echo", echo, base)):
+        for side, client in (("server", server), ("echo", echo)):
             requests = batch_requests(mentions, size, f"bench-batch-{tag}-{side}-{size}-{r}")
-            result = drive(client.resolve_batch, requests, concurrency=concurrency,
-                           time_cap_s=time_cap_s)
-            errors[side] += result.errors
-            rates.append(result.completed * size / result.elapsed_s)
-    return ({"items_per_s": median(got), "rounds": got, "errors": errors["server"]},
-            {"items_per_s": median(base), "rounds": base, "errors": errors["echo"]},
-            median([g / b for g, b in zip(got, base, strict=True)]))
+            results[side].append(drive(client.resolve_batch, requests, concurrency=concurrency,
+                                       time_cap_s=time_cap_s, server_pid=client.pid))
+
+    def rates(side: str) -> list[float]:
+        return [res.completed * size / res.elapsed_s for res in results[side]]
+
+    def summary(side: str) -> dict[str, object]:
+        """Medians over rounds of items/s and of CPU µs per item (the server process, and this
+        one's load threads)."""
+        cpu = [res.cpu_us_each(size) for res in results[side]]
+        return {"items_per_s": median(rates(side)), "rounds": rates(side),
+                "errors": sum(res.errors for res in results[side]),
+                "server_cpu_us_per_item": median([server for server, _ in cpu]),
+                "client_cpu_us_per_item": median([client for _, client in cpu])}
+
+    ratio = median([g / b for g, b in zip(rates("server"), rates("echo"), strict=True)])
+    return summary("server"), summary("echo"), ratio
 
 
 def run(server: Client, echo: Client, pool: Sequence[Stored], *, n_entities: int,
@@ -71,8 +79,10 @@ def run(server: Client, echo: Client, pool: Sequence[Stored], *, n_entities: int
             f"ResolveBatch of {size}, 70/15/15 mix, context id, {n_entities:,} entities, "
             f"{concurrency} callers, rounds alternating with the echo (ratio: median of the "
             f"rounds')",
-            fmt_rate(float(got["items_per_s"]), " items/s"),  # type: ignore[arg-type]
-            f"echo {fmt_rate(float(base['items_per_s']), ' items/s')}",  # type: ignore[arg-type]
+            f"{fmt_rate(float(got['items_per_s']), ' items/s')}, "  # type: ignore[arg-type]
+            f"server CPU {got['server_cpu_us_per_item']:,.0f} µs/item",
+            f"echo {fmt_rate(float(base['items_per_s']), ' items/s')}, "  # type: ignore[arg-type]
+            f"{base['server_cpu_us_per_item']:,.0f} µs/item",
             ratio, f">= {GOAL_RATIO}x echo" if goal else "report",
             ratio >= GOAL_RATIO if goal else None,
             {"server": got, "echo": base}))

@@ -19,7 +19,15 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks.common import Row, drive, echo_server, fmt_rate, median, percentile
+from benchmarks.common import (
+    LoadResult,
+    Row,
+    drive,
+    echo_server,
+    fmt_rate,
+    median,
+    percentile,
+)
 from benchmarks.data import Stored, mention_mix
 from benchmarks.grpc_load import Client, unary_requests
 
@@ -36,21 +44,23 @@ GOAL_RATIO = 0.8
 
 def measure(client: Client, pool: Sequence[Stored], *, calls: int, rounds: int,
             time_cap_s: float) -> dict[str, object]:
-    per_round: list[float] = []
-    latencies: list[float] = []
-    errors = 0
-    for r in range(rounds):
-        requests = unary_requests(mention_mix(pool, calls, MIX, seed=1000 + r))
-        result = drive(client.resolve, requests, concurrency=CALLERS, time_cap_s=time_cap_s)
-        per_round.append(result.per_second)
-        latencies.extend(result.latencies_s)
-        errors += result.errors
-    return _summary(per_round, latencies, errors)
+    results = [drive(client.resolve, unary_requests(mention_mix(pool, calls, MIX, seed=1000 + r)),
+                     concurrency=CALLERS, time_cap_s=time_cap_s, server_pid=client.pid)
+               for r in range(rounds)]
+    return _summary(results)
 
 
-def _summary(per_round: list[float], latencies: list[float], errors: int) -> dict[str, object]:
-    return {"calls_per_s": median(per_round), "rounds": per_round, "errors": errors,
-            "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3}
+def _summary(results: Sequence[LoadResult]) -> dict[str, object]:
+    """Medians over rounds of calls/s and of CPU µs per call (server process, and this one's
+    load threads: the two share this machine's cores); latency percentiles over every call."""
+    latencies = [x for res in results for x in res.latencies_s]
+    cpu = [res.cpu_us_each() for res in results]
+    return {"calls_per_s": median([res.per_second for res in results]),
+            "rounds": [res.per_second for res in results],
+            "errors": sum(res.errors for res in results),
+            "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3,
+            "server_cpu_us_per_call": median([server for server, _ in cpu]),
+            "client_cpu_us_per_call": median([client for _, client in cpu])}
 
 
 Summary = dict[str, object]
@@ -61,20 +71,15 @@ def _alternating(server: Client, echo: Client, requests_of_round: Callable[[int]
     """Rounds alternating between the server and the echo on the same requests; the ratio is
     the median of the rounds' ratios, so drift between rounds cancels. Latency percentiles are
     over all calls of all rounds."""
-    rates: dict[str, list[float]] = {"server": [], "echo": []}
-    latencies: dict[str, list[float]] = {"server": [], "echo": []}
-    errors = {"server": 0, "echo": 0}
+    results: dict[str, list[LoadResult]] = {"server": [], "echo": []}
     for r in range(rounds):
         requests = requests_of_round(r)
         for side, client in (("server", server), ("echo", echo)):
-            result = drive(client.resolve, requests, concurrency=CALLERS,
-                           time_cap_s=time_cap_s)
-            rates[side].append(result.per_second)
-            latencies[side].extend(result.latencies_s)
-            errors[side] += result.errors
-    ratio = median([g / b for g, b in zip(rates["server"], rates["echo"], strict=True)])
-    return (_summary(rates["server"], latencies["server"], errors["server"]),
-            _summary(rates["echo"], latencies["echo"], errors["echo"]), ratio)
+            results[side].append(drive(client.resolve, requests, concurrency=CALLERS,
+                                       time_cap_s=time_cap_s, server_pid=client.pid))
+    ratio = median([g.per_second / b.per_second
+                    for g, b in zip(results["server"], results["echo"], strict=True)])
+    return _summary(results["server"]), _summary(results["echo"]), ratio
 
 
 def side_by_side(server: Client, echo: Client, pool: Sequence[Stored], *, calls: int,
@@ -110,7 +115,8 @@ def settled_side_by_side(server: Client, echo: Client, pool: Sequence[Stored], *
 
 def _figure(s: Summary, prefix: str = "") -> str:
     return (f"{prefix}{fmt_rate(float(s['calls_per_s']), ' calls/s')} "  # type: ignore[arg-type]
-            f"p50 {s['p50_ms']:.2f} ms p99 {s['p99_ms']:.2f} ms")
+            f"p50 {s['p50_ms']:.2f} ms p99 {s['p99_ms']:.2f} ms, "
+            f"server CPU {s['server_cpu_us_per_call']:,.0f} µs/call")
 
 
 def handler_cost(echo: Client, pool: Sequence[Stored], *, calls: int, rounds: int,
@@ -123,7 +129,7 @@ def handler_cost(echo: Client, pool: Sequence[Stored], *, calls: int, rounds: in
     data: dict[str, object] = {}
     for us in busy_us:
         pairs: list[tuple[float, float]] = []
-        with echo_server(us) as srv, Client(srv.address) as busy:
+        with echo_server(us) as srv, Client(srv.address, srv.pid) as busy:
             drive(busy.resolve, unary_requests(mention_mix(pool, 300, MIX, seed=97)),
                   concurrency=CALLERS)
             for _ in range(2 * rounds):

@@ -82,6 +82,25 @@ def fmt_bytes(x: float) -> str:
     return f"{x:.0f} B"
 
 
+# -- CPU -----------------------------------------------------------------------------------------
+
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system, all threads) a process has used so far: another process by pid,
+    read from /proc (nan if it cannot be read), or this one."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S  # utime, stime
+
+
 # -- memory --------------------------------------------------------------------------------------
 
 def proc_status(pid: int | str = "self") -> dict[str, int]:
@@ -149,6 +168,10 @@ class ServerProcess:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     def __enter__(self) -> Self:
         started = time.perf_counter()
@@ -223,15 +246,25 @@ class LoadResult:
     elapsed_s: float
     latencies_s: list[float]
     errors: int
+    server_cpu_s: float = math.nan  # CPU time the server process used meanwhile (server_pid)
+    client_cpu_s: float = math.nan  # and this process, whose threads sent the load
 
     @property
     def per_second(self) -> float:
         return self.completed / self.elapsed_s if self.elapsed_s > 0 else float("nan")
 
+    def cpu_us_each(self, units: int = 1) -> tuple[float, float]:
+        """(server, client) CPU µs per call, or per item when each call carries `units`."""
+        done = self.completed * units
+        if not done:
+            return math.nan, math.nan
+        return self.server_cpu_s * 1e6 / done, self.client_cpu_s * 1e6 / done
+
 
 def drive(call: Callable[[Any], Any], requests: Sequence[Any], *, concurrency: int,
-          time_cap_s: float = 60.0) -> LoadResult:
-    """Sends every request (or as many as fit in time_cap_s) from `concurrency` threads."""
+          time_cap_s: float = 60.0, server_pid: int | None = None) -> LoadResult:
+    """Sends every request (or as many as fit in time_cap_s) from `concurrency` threads; with
+    `server_pid`, also the CPU time that process and this one used meanwhile."""
     counter = itertools.count()
     lock = threading.Lock()
     latencies: list[float] = []
@@ -256,10 +289,15 @@ def drive(call: Callable[[Any], Any], requests: Sequence[Any], *, concurrency: i
             latencies.extend(mine)
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    server_cpu = cpu_seconds(server_pid) if server_pid is not None else math.nan
+    client_cpu = cpu_seconds()
     started = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join(time_cap_s + CALL_TIMEOUT_S + 5)
     elapsed = time.perf_counter() - started
-    return LoadResult(len(latencies), elapsed, latencies, errors[0])
+    if server_pid is not None:
+        server_cpu = cpu_seconds(server_pid) - server_cpu
+    return LoadResult(len(latencies), elapsed, latencies, errors[0], server_cpu,
+                      cpu_seconds() - client_cpu)

@@ -14,9 +14,11 @@ from identity_server.server import GRPC_OPTIONS
 
 
 class Client:
-    """A channel and stub to one server (identity or echo), with the server's message limits."""
+    """A channel and stub to one server (identity or echo), with the server's message limits;
+    `pid`, the server's process when known (its CPU time is read around each load)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, pid: int | None = None) -> None:
+        self.pid = pid
         self.channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         grpc.channel_ready_future(self.channel).result(timeout=CALL_TIMEOUT_S)
         self.stub = pb_grpc.IdentityServiceStub(self.channel)

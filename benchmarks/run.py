@@ -119,7 +119,8 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     pool = sample_entities(stores[p["grpc_n"]], p["grpc_n"], 20_000, seed=5)
     run_tag = str(int(time.time()))
     with identity_server(grpc_db) as srv, echo_server() as echo, \
-            Client(srv.address) as server_client, Client(echo.address) as echo_client:
+            Client(srv.address, srv.pid) as server_client, \
+            Client(echo.address, echo.pid) as echo_client:
         serve_startup = srv.startup_s
         step("servers up")
         rows += bench_batch.run(server_client, echo_client, pool, n_entities=p["grpc_n"],
