@@ -2,6 +2,7 @@
 
     IdentityError
      +-- InvalidArgument       bad mention, type, id, file record, limit exceeded
+     |    +-- BatchTooLarge    a ResolveBatch over the server's limit (which the client is told)
      +-- EntityNotFound        unknown id
      +-- FailedPrecondition    merge/settle that the lifecycle forbids
      +-- Unauthenticated       admin call without the admin token
@@ -19,6 +20,15 @@ class IdentityError(Exception):
 
 class InvalidArgument(IdentityError):
     """The request is malformed: say what and where."""
+
+
+class BatchTooLarge(InvalidArgument):
+    """A ResolveBatch with more mentions than the server takes. `limit` goes back to the client
+    as trailing metadata, so it can send the mentions in parts instead of losing them."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"batch has {size} mentions; the limit is {limit}")
+        self.limit = limit
 
 
 class EntityNotFound(IdentityError):

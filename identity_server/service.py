@@ -33,6 +33,7 @@ from identity_server.domain import (
     types_compatible,
 )
 from identity_server.errors import (
+    BatchTooLarge,
     EntityNotFound,
     FailedPrecondition,
     IdentityError,
@@ -525,9 +526,7 @@ class IdentityService:
         fails the whole batch, a bad mention only its own item."""
         _checked_id(context_id, "context id")
         if len(mentions) > self.config.max_batch_size:
-            raise InvalidArgument(
-                f"batch has {len(mentions)} mentions; the limit is {self.config.max_batch_size}"
-            )
+            raise BatchTooLarge(len(mentions), self.config.max_batch_size)
         parsed: list[Mention | ItemError] = []
         for i, (text, etype) in enumerate(mentions):
             try:

@@ -19,6 +19,7 @@ from identity_api.v1 import identity_service_pb2 as pb
 from identity_server.authority import Line, decode_lines, split_lines
 from identity_server.domain import MatchKind, Status
 from identity_server.errors import (
+    BatchTooLarge,
     EntityNotFound,
     FailedPrecondition,
     IdentityError,
@@ -48,6 +49,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 STATUS_CODES: dict[type[IdentityError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    BatchTooLarge: grpc.StatusCode.INVALID_ARGUMENT,
     EntityNotFound: grpc.StatusCode.NOT_FOUND,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
@@ -75,6 +77,9 @@ _FOLLOW_POLL_S = 0.2
 # behind one for more than ~10-20 ms.
 INLINE_BATCH_LIMIT = 200
 _INTERNAL = "internal error; the server log has the details"
+# Trailing metadata of a ResolveBatch refused for its size: the server's limit, so a client can
+# send the mentions in parts (named in the proto's comments; ingest reads it).
+MAX_BATCH_SIZE_KEY = "identity-max-batch-size"
 
 
 def _rpc(*, admin: bool = False) -> Callable[[F], F]:
@@ -89,12 +94,15 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
         async def handler(self: IdentityServicer, request: Any, context: Context) -> Any:
             start = time.perf_counter()
             code, details = grpc.StatusCode.OK, ""
+            trailing: tuple[tuple[str, str], ...] = ()
             try:
                 if admin:
                     self._check_admin(context)
                 return await method(self, request, context)
             except IdentityError as e:
                 code, details = STATUS_CODES.get(type(e), grpc.StatusCode.INTERNAL), str(e)
+                if isinstance(e, BatchTooLarge):
+                    trailing = ((MAX_BATCH_SIZE_KEY, str(e.limit)),)
             except asyncio.CancelledError:  # the client went away (cancelled, deadline): no fault
                 code = grpc.StatusCode.CANCELLED
                 raise
@@ -114,7 +122,7 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
                         level, "rpc method=%s count=%d duration_ms=%.2f code=%s",
                         name, _count(request), (time.perf_counter() - start) * 1e3, code.name,
                     )
-            await context.abort(code, details)
+            await context.abort(code, details, trailing)
 
         return handler  # type: ignore[return-value]
 

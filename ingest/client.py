@@ -46,16 +46,22 @@ _CHANGE = {value: pb.ChangeKind.Name(value).removeprefix("CHANGE_KIND_").lower()
 
 
 RETRY_WARNING_EVERY_S = 10.0  # at most one retry warning per client in this long
+# Trailing metadata of a ResolveBatch the server refused for its size: the server's limit (see
+# the proto's comments).
+MAX_BATCH_SIZE_KEY = "identity-max-batch-size"
 
 
 class IdentityError(Exception):
-    """A call to the identity server failed for good (with its gRPC status code name)."""
+    """A call to the identity server failed for good (with its gRPC status code name).
+    `batch_limit`: the server's ResolveBatch limit, when it refused a batch for its size."""
 
-    def __init__(self, method: str, code: str, message: str) -> None:
+    def __init__(self, method: str, code: str, message: str, *,
+                 batch_limit: int | None = None) -> None:
         super().__init__(f"{method} failed: {code}: {message}")
         self.method = method
         self.code = code
         self.message = message
+        self.batch_limit = batch_limit
 
 
 class ServerUnavailable(IdentityError):
@@ -156,6 +162,33 @@ def _entity(e: pb.Entity) -> EntityInfo:
     )
 
 
+def _batch_limit(error: grpc.RpcError) -> int | None:
+    """The limit a server names in the trailing metadata of a batch it refused for its size."""
+    if not isinstance(error, grpc.Call):
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key == MAX_BATCH_SIZE_KEY:
+            try:
+                limit = int(value)
+            except (TypeError, ValueError):
+                return None
+            return limit if limit > 0 else None
+    return None
+
+
+def _renumbered(outcome: Resolution | ItemFailure, offset: int,
+                index: int) -> Resolution | ItemFailure:
+    """A part's refused item named by its place in the whole batch ("mention 2: ..." of a part
+    starting at 10 is "mention 12: ...")."""
+    if isinstance(outcome, Resolution) or not offset:
+        return outcome
+    prefix = f"mention {index}: "
+    if not outcome.message.startswith(prefix):
+        return outcome
+    return ItemFailure(outcome.code,
+                       f"mention {offset + index}: {outcome.message.removeprefix(prefix)}")
+
+
 def _code_name(code: int) -> str:
     for status in grpc.StatusCode:
         if status.value[0] == code:
@@ -196,6 +229,7 @@ class IdentityClient:
         # starting its own budget when it first fails.
         self._outage_since: float | None = None
         self._aborted = threading.Event()
+        self._parts_warned = False  # the job was told once that papers go in parts
 
     @property
     def retries(self) -> int:
@@ -243,7 +277,8 @@ class IdentityClient:
                 if code not in RETRYABLE:
                     logger.info("rpc=%s count=%d status=%s attempt=%d duration=%.4fs",
                                 method, count, code.name, attempt, time.monotonic() - started)
-                    raise IdentityError(method, code.name, details) from e
+                    raise IdentityError(method, code.name, details,
+                                        batch_limit=_batch_limit(e)) from e
                 self._sleep(self._pause_before_retry(
                     e, method, code.name, details, attempt, backoff, f"count={count}"))
                 backoff = min(backoff * 2, policy.max_backoff)
@@ -294,14 +329,22 @@ class IdentityClient:
     def resolve_batch(
         self, context_id: str, mentions: Sequence[tuple[str, str]], *, lookup_only: bool = False
     ) -> BatchOutcome:
-        """Resolves one paper's (text, type) mentions in order; refused items come back as failures."""
+        """Resolves one paper's (text, type) mentions in order; refused items come back as
+        failures. More mentions than the server takes in one ResolveBatch are sent in parts."""
         request = pb.ResolveBatchRequest(
             context_id=context_id,
             mentions=[pb.Mention(mention=text, entity_type=etype) for text, etype in mentions],
             lookup_only=lookup_only,
         )
-        reply = self._call("ResolveBatch", lambda t: self._stub.ResolveBatch(request, timeout=t),
-                           count=len(mentions))
+        try:
+            reply = self._call("ResolveBatch",
+                               lambda t: self._stub.ResolveBatch(request, timeout=t),
+                               count=len(mentions))
+        except IdentityError as e:
+            if e.batch_limit is None or e.batch_limit >= len(mentions):
+                raise
+            return self._resolve_in_parts(context_id, mentions, e.batch_limit,
+                                          lookup_only=lookup_only)
         if len(reply.results) != len(mentions):
             raise IdentityError("ResolveBatch", "INTERNAL",
                                 f"{len(reply.results)} results for {len(mentions)} mentions")
@@ -312,6 +355,29 @@ class IdentityClient:
             else:
                 out.append(ItemFailure(_code_name(result.error.code), result.error.message))
         return BatchOutcome(out, reply.replayed)
+
+    def _resolve_in_parts(self, context_id: str, mentions: Sequence[tuple[str, str]],
+                          limit: int, *, lookup_only: bool) -> BatchOutcome:
+        """Mentions beyond the server's batch limit, sent in parts of that size, in order, under
+        the same context. The parts in order resolve as the whole batch would (one mention at a
+        time, in order) and each is idempotent as a whole batch is; only their writes no longer
+        commit together, and a rerun of the job makes up for a part that never ran. `replayed`
+        only when every part was."""
+        with self._retries_lock:
+            warn, self._parts_warned = not self._parts_warned, True
+        if warn:
+            logger.warning("the identity server takes at most %d mentions in one ResolveBatch: "
+                           "larger papers are resolved in parts of that size (raise its "
+                           "IDENTITY_MAX_BATCH_SIZE to resolve each paper in one transaction)",
+                           limit)
+        outcomes: list[Resolution | ItemFailure] = []
+        replayed = True
+        for start in range(0, len(mentions), limit):
+            part = self.resolve_batch(context_id, mentions[start:start + limit],
+                                      lookup_only=lookup_only)
+            outcomes += (_renumbered(o, start, i) for i, o in enumerate(part.outcomes))
+            replayed = replayed and part.replayed
+        return BatchOutcome(outcomes, replayed)
 
     def get_entity(self, entity_id: str) -> EntityInfo:
         request = pb.GetEntityRequest(entity_id=entity_id)

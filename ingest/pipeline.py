@@ -153,7 +153,8 @@ def _without_batch_index(message: str, i: int) -> str:
 
 def resolve_paper(resolver: Resolver, paper: CheckedPaper, *,
                   revisited: bool = False) -> ResolvedPaper | LineReject:
-    """One ResolveBatch for the paper; mentions the server refuses are rejected with its reason.
+    """One ResolveBatch for the paper (in parts when the server takes fewer mentions at once:
+    see IdentityClient.resolve_batch); mentions the server refuses are rejected with its reason.
 
     `revisited`: an earlier revision of the paper is stored. When the server replays the reply
     of that revision's identical request, the mentions are stored as it decides them now."""

@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 _SPACES = re.compile(r"\s+")
 MAX_MENTION_CHARS = 512
 MAX_BATCH = 5000
+MAX_BATCH_SIZE_KEY = "identity-max-batch-size"  # trailing metadata of a batch refused for size
 
 
 def display_form(text: str) -> str:
@@ -81,8 +82,9 @@ class _Abort(Exception):
 class StubIdentityService(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
     """The stub's state and RPCs; tests reach it through ``StubServer.servicer``."""
 
-    def __init__(self, *, admin_token: str | None = None) -> None:
+    def __init__(self, *, admin_token: str | None = None, max_batch: int = MAX_BATCH) -> None:
         self._lock = threading.Lock()
+        self.max_batch = max_batch
         self._entities: dict[str, _Entity] = {}
         self._batches: dict[tuple[Any, ...], pb.ResolveBatchResponse] = {}
         self._changes: list[pb.Change] = []
@@ -216,9 +218,11 @@ class StubIdentityService(pb_grpc.IdentityServiceServicer):  # type: ignore[misc
     def ResolveBatch(self, request: pb.ResolveBatchRequest,
                      context: grpc.ServicerContext) -> pb.ResolveBatchResponse:
         self._enter("ResolveBatch", context)
-        if len(request.mentions) > MAX_BATCH:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"batch of {len(request.mentions)} mentions, more than {MAX_BATCH}")
+        if len(request.mentions) > self.max_batch:
+            # As the server does: the limit goes back as trailing metadata.
+            context.set_trailing_metadata(((MAX_BATCH_SIZE_KEY, str(self.max_batch)),))
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                   f"batch of {len(request.mentions)} mentions, more than {self.max_batch}")
         key = (request.context_id,
                tuple((m.mention, m.entity_type) for m in request.mentions))
         replay = bool(request.context_id) and not request.lookup_only
@@ -362,10 +366,11 @@ def _surface_page(request: Any, start: int = 0) -> slice:
     return slice(start, end)
 
 
-def serve_stub(*, port: int = 0, max_workers: int = 8,
-               admin_token: str | None = None) -> StubServer:
-    """Starts the stub on 127.0.0.1 (port 0 picks a free one) and returns it running."""
-    servicer = StubIdentityService(admin_token=admin_token)
+def serve_stub(*, port: int = 0, max_workers: int = 8, admin_token: str | None = None,
+               max_batch: int = MAX_BATCH) -> StubServer:
+    """Starts the stub on 127.0.0.1 (port 0 picks a free one) and returns it running;
+    `max_batch`: the most mentions it takes in one ResolveBatch."""
+    servicer = StubIdentityService(admin_token=admin_token, max_batch=max_batch)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
     pb_grpc.add_IdentityServiceServicer_to_server(servicer, server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")

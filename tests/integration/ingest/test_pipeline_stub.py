@@ -13,7 +13,7 @@ import duckdb
 import grpc
 import pytest
 
-from ingest.client import IdentityClient, RetryPolicy, ServerUnavailable
+from ingest.client import IdentityClient, IdentityError, RetryPolicy, ServerUnavailable
 from ingest.models import Limits
 from ingest.pipeline import JobError, JobOptions, Summary, run_job, sync_redirects
 from ingest.sink import GraphSink
@@ -521,3 +521,38 @@ def test_callers_keep_resolving_while_a_group_is_written(
     assert during_first_write[0] >= 40, during_first_write
     # Bounded: the read-ahead (a chunk, the calls in flight, the one just sent) and a group.
     assert most_ahead <= chunk + 16 + 1 + 20, most_ahead
+
+
+def test_a_paper_beyond_the_servers_batch_limit_goes_in_parts(tmp_path: Path,
+                                                                jsonl: Callable[..., Path]) -> None:
+    """A server that takes fewer mentions in one ResolveBatch than a paper has says its limit
+    in the refusal's trailing metadata; the client sends the paper in parts of that size, in
+    order, under the paper's context, and the paper is stored whole (before: rejected whole).
+    A refusal that names no limit is not split."""
+    mentions = [{"id": f"m{i}", "text": f"Quorbex {i}", "type": "method"} for i in range(8)]
+    paper = {"paper_id": "p1", "mentions": mentions, "relationships": [
+        {"subject": "m0", "predicate": "uses", "object": "m7"},
+        {"subject": "m3", "predicate": "uses", "object": "m4"}]}
+    corpus = jsonl(tmp_path / "in.jsonl", [paper])
+    db = tmp_path / "g.duckdb"
+    with serve_stub(max_batch=3) as stub:
+        summary, _ = ingest([corpus], db, stub.address, concurrency=1)
+        assert (summary.ingested, summary.rejected_lines, summary.rejected_items) == (1, 0, 0)
+        assert stub.servicer.calls["ResolveBatch"] == 1 + 3  # refused whole, then 3 + 3 + 2
+        assert rows(db, "SELECT mention_id, entity_id FROM mentions ORDER BY mention_id") == [
+            (f"m{i}", stub_entity_id("method", f"Quorbex {i}")) for i in range(8)]
+        assert rows(db, "SELECT count(*) FROM relationships") == [(2,)]
+        again, _ = ingest([corpus], db, stub.address, concurrency=1)
+        assert (again.ingested, again.unchanged) == (0, 1)
+
+        with IdentityClient(stub.address, policy=FAST) as client:
+            texts = [(m["text"], "method") for m in mentions]
+            parts = client.resolve_batch("p2", texts)
+            assert not parts.replayed
+            assert client.resolve_batch("p2", texts).replayed  # every part replayed
+            stub.servicer.fail_next(1, grpc.StatusCode.INVALID_ARGUMENT)
+            before = stub.servicer.calls["ResolveBatch"]
+            with pytest.raises(IdentityError) as refused:
+                client.resolve_batch("p3", texts)
+            assert refused.value.batch_limit is None
+            assert stub.servicer.calls["ResolveBatch"] == before + 1

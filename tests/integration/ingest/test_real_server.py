@@ -275,3 +275,50 @@ def test_a_mention_the_server_refuses_is_named_by_its_place_in_the_paper(
     assert set(got) == {"mentions[0]", "mentions[1]"}
     assert "520 code points long; the limit is 512" in got["mentions[1]"]
     assert "mention 0" not in got["mentions[1]"]
+
+
+def test_a_paper_beyond_the_servers_batch_limit_is_resolved_in_parts(tmp_path: Path) -> None:
+    """The real server names its limit in the refusal of a batch too large; ingest sends the
+    paper in parts, in order, under the paper's context: a spelling first seen in one part is
+    found by a later one, a mention the server refuses is named by its place in the paper (not
+    in its part), and a rerun writes nothing."""
+    import json
+
+    from identity_server.server import start_server
+    from identity_server.settings import Settings
+    from ingest.models import Limits
+
+    texts = ["Quorbex Net", "Ada Lovelace", "Vintorfield", "SQuAD", "Plemmar",
+             "y" * 520, "quorbex net", "Drabnik", "Ada  Lovelace", "Sollux"]
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({
+        "paper_id": "p1",
+        "mentions": [{"id": f"m{i}", "text": t, "type": "method"} for i, t in enumerate(texts)],
+        "relationships": [{"subject": "m0", "predicate": "uses", "object": "m9"},
+                          {"subject": "m2", "predicate": "uses", "object": "m7"}]}) + "\n",
+        encoding="utf-8")
+    db = tmp_path / "graph.duckdb"
+    running = start_server(Settings(db_url=f"sqlite:///{tmp_path / 'identity.sqlite'}", port=0,
+                                    max_batch_size=4))
+    try:
+        address = f"127.0.0.1:{running.port}"
+        for run in range(2):
+            with GraphSink(db) as sink, IdentityClient(address, policy=POLICY) as client:
+                summary = run_job([src], sink=sink, resolver=client,
+                                  options=JobOptions(limits=Limits(max_mention_chars=600)))
+            if run == 0:
+                assert (summary.ingested, summary.rejected_lines) == (1, 0)
+                assert summary.new_entities == 7
+            else:
+                assert (summary.ingested, summary.unchanged, summary.new_entities) == (0, 1, 0)
+    finally:
+        running.stop(grace=0.5)
+    got = dict(rows(db, "SELECT item, reason FROM rejects"))
+    assert list(got) == ["mentions[5]"]
+    assert "520 code points long; the limit is 512" in got["mentions[5]"]
+    assert "mention 1:" not in got["mentions[5]"] and "mention 5:" not in got["mentions[5]"]
+    found = dict(rows(db, "SELECT mention_id, entity_id FROM mentions"))
+    assert found["m6"] == found["m0"] and found["m8"] == found["m1"]  # across parts
+    kinds = dict(rows(db, "SELECT mention_id, match_kind FROM mentions"))
+    assert (kinds["m6"], kinds["m8"]) == ("case", "exact")
+    assert rows(db, "SELECT count(*) FROM relationships") == [(2,)]
