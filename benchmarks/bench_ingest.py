@@ -189,35 +189,47 @@ def duckdb_ceiling(papers: Path, work: Path, *, group: int = 500) -> dict[str, A
     return {"papers_per_s": len(rows) / elapsed, "elapsed_s": elapsed}
 
 
-def run_pair(papers: Path, store: Path, work: Path, *, separate: bool,
-             timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One ingest run and, right after it, its baseline, each over a fresh copy of the store."""
-    if separate:
-        with identity_server(copy_store(store, work / "ingest-separate.sqlite")) as srv:
-            got = run_ingest(papers, work, store=None, server=srv.address, timeout_s=timeout_s)
-        with identity_server(copy_store(store, work / "calls-separate.sqlite")) as srv:
-            base = run_calls(papers, store=None, server=srv.address, timeout_s=timeout_s)
-    else:
-        got = run_ingest(papers, work, store=copy_store(store, work / "ingest-embedded.sqlite"),
+def run_pair(papers: Path, store: Path, work: Path, *, separate: bool, timeout_s: float,
+             baseline_first: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One ingest run and its baseline back to back (the baseline first when asked), each
+    over a fresh copy of the store."""
+
+    def ingest() -> dict[str, Any]:
+        if separate:
+            with identity_server(copy_store(store, work / "ingest-separate.sqlite")) as srv:
+                return run_ingest(papers, work, store=None, server=srv.address,
+                                  timeout_s=timeout_s)
+        return run_ingest(papers, work, store=copy_store(store, work / "ingest-embedded.sqlite"),
+                          server=None, timeout_s=timeout_s)
+
+    def calls() -> dict[str, Any]:
+        if separate:
+            with identity_server(copy_store(store, work / "calls-separate.sqlite")) as srv:
+                return run_calls(papers, store=None, server=srv.address, timeout_s=timeout_s)
+        return run_calls(papers, store=copy_store(store, work / "calls-embedded.sqlite"),
                          server=None, timeout_s=timeout_s)
-        base = run_calls(papers, store=copy_store(store, work / "calls-embedded.sqlite"),
-                         server=None, timeout_s=timeout_s)
-    return got, base
+
+    if baseline_first:
+        base = calls()
+        return ingest(), base
+    got = ingest()
+    return got, calls()
 
 
 def run(papers: Path, store: Path, work: Path, *, n_papers: int, timeout_s: float,
         repeats: int = 1) -> list[Row]:
     """Each mode's ingest and baseline run as back-to-back pairs, `repeats` times, modes
-    interleaved; a mode's ratio is the median of its pairs' ratios (drift between pairs cancels)."""
+    interleaved, every other pair baseline first (ABBA: a drift of the host's speed during the
+    pairs biases them in opposite ways); a mode's ratio is the median of its pairs' ratios."""
     papers, store, work = papers.resolve(), store.resolve(), work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"ceiling": duckdb_ceiling(papers, work)}
     pairs: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {"embedded": [],
                                                                      "separate": []}
-    for _ in range(repeats):
+    for repeat in range(repeats):
         for mode, runs in pairs.items():
             runs.append(run_pair(papers, store, work, separate=mode == "separate",
-                                 timeout_s=timeout_s))
+                                 timeout_s=timeout_s, baseline_first=repeat % 2 == 1))
     out = []
     for mode, what in (("embedded", "embedded server"), ("separate", "separate server process")):
         ratios = [g["papers_per_s"] / b["papers_per_s"] for g, b in pairs[mode]]
