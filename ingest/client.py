@@ -363,9 +363,8 @@ class IdentityClient:
         time, in order) and each is idempotent as a whole batch is; only their writes no longer
         commit together, and a rerun of the job makes up for a part that never ran. `replayed`
         only when every part was."""
-        with self._retries_lock:
-            warn, self._parts_warned = not self._parts_warned, True
-        if warn:
+        if not self._parts_warned:  # once a job (two callers racing may both warn: harmless)
+            self._parts_warned = True
             logger.warning("the identity server takes at most %d mentions in one ResolveBatch: "
                            "larger papers are resolved in parts of that size (raise its "
                            "IDENTITY_MAX_BATCH_SIZE to resolve each paper in one transaction)",
