@@ -2,7 +2,8 @@
 
 Every call has a deadline. UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential backoff
 and full jitter until a retry budget (seconds) is spent, so a server restart in the middle of a job
-costs time, not data. Retrying is safe: ResolveBatch with a context is idempotent on the server,
+costs time, not data; so is CANCELLED, unless this client cancelled the call itself (the job is
+interrupted): a server that stops cancels the calls still running when its grace period ends. Retrying is safe: ResolveBatch with a context is idempotent on the server,
 Merge of an already merged pair is a no-op, and the change feed is resumed from the last sequence
 seen. Nothing protobuf leaves this module.
 """
@@ -260,8 +261,14 @@ class IdentityClient:
             return (("authorization", f"Bearer {self._admin_token}"),)
         return None
 
+    def _retryable(self, code: grpc.StatusCode) -> bool:
+        """Whether a call that failed with `code` is worth trying again (see the module doc)."""
+        return code in RETRYABLE or (code is grpc.StatusCode.CANCELLED
+                                     and not self._aborted.is_set())
+
     def _call(self, method: str, fn: Callable[[float], T], count: int = 1) -> T:
-        """Runs ``fn(timeout)`` with retries on UNAVAILABLE / DEADLINE_EXCEEDED."""
+        """Runs ``fn(timeout)`` with retries on UNAVAILABLE, DEADLINE_EXCEEDED and a CANCELLED
+        this client did not cause."""
         policy = self.policy
         backoff = policy.initial_backoff
         attempt = 0
@@ -274,7 +281,7 @@ class IdentityClient:
             except grpc.RpcError as e:
                 code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
                 details = (e.details() if isinstance(e, grpc.Call) else str(e)) or ""
-                if code not in RETRYABLE:
+                if not self._retryable(code):
                     logger.info("rpc=%s count=%d status=%s attempt=%d duration=%.4fs",
                                 method, count, code.name, attempt, time.monotonic() - started)
                     raise IdentityError(method, code.name, details,
@@ -415,7 +422,7 @@ class IdentityClient:
             except grpc.RpcError as e:
                 code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
                 details = (e.details() if isinstance(e, grpc.Call) else str(e)) or ""
-                if code not in RETRYABLE:
+                if not self._retryable(code):
                     raise IdentityError("ListChanges", code.name, details) from e
                 self._sleep(self._pause_before_retry(
                     e, "ListChanges", code.name, details, attempt, backoff, f"after={last}"))

@@ -244,6 +244,31 @@ def test_unavailable_server_is_retried(
     assert snapshot(tmp_path / "g.duckdb") == snapshot(tmp_path / "clean.duckdb")
 
 
+def test_calls_the_server_cancels_are_retried_and_those_the_job_cancels_are_not(
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path],
+        snapshot: Callable[..., Any]) -> None:
+    """A server that stops cancels the calls still running when its grace period ends: the
+    client sees CANCELLED, and a restart must cost time, not the job. A call the job cancels
+    itself (interrupted) is not retried."""
+    corpus = jsonl(tmp_path / "in.jsonl", synthetic_papers(10, mentions_per_paper=5,
+                                                           relationships_per_paper=3, seed=5))
+    stub.servicer.fail_next(3, grpc.StatusCode.CANCELLED)
+    summary, retries = ingest([corpus], tmp_path / "g.duckdb", stub.address, concurrency=1)
+    assert (retries, summary.ingested) == (3, 10)
+    with serve_stub() as clean:
+        ingest([corpus], tmp_path / "clean.duckdb", clean.address, concurrency=1)
+    assert snapshot(tmp_path / "g.duckdb") == snapshot(tmp_path / "clean.duckdb")
+
+    stub.servicer.delay_seconds = 5.0
+    with IdentityClient(stub.address, policy=FAST) as client:
+        threading.Timer(0.3, client.abort).start()
+        started = time.monotonic()
+        with pytest.raises(IdentityError) as stopped:
+            client.resolve_batch("p-abort", [("BERT", "method")])
+        assert stopped.value.code == "CANCELLED" and client.retries == 0
+        assert time.monotonic() - started < 4.0
+
+
 def test_slow_replies_hit_the_deadline_and_are_retried_without_double_counting(
         tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path],
         snapshot: Callable[..., Any]) -> None:
