@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.common import LoadResult, Row, drive, fmt_rate, median
+from benchmarks.common import LoadResult, Row, cpu_medians, drive, fmt_rate, median
 from benchmarks.data import Stored, mention_mix, mention_mix_of
 from benchmarks.grpc_load import Client, batch_requests
 from identity_server.domain import Entity, Name, NameKind, Status, provisional_id
@@ -51,11 +51,9 @@ def side_by_side(server: Client, echo: Client, pool: Sequence[Stored], *, size: 
     def summary(side: str) -> dict[str, object]:
         """Medians over rounds of items/s and of CPU µs per item (the server process, and this
         one's load threads)."""
-        cpu = [res.cpu_us_each(size) for res in results[side]]
         return {"items_per_s": median(rates(side)), "rounds": rates(side),
                 "errors": sum(res.errors for res in results[side]),
-                "server_cpu_us_per_item": median([server for server, _ in cpu]),
-                "client_cpu_us_per_item": median([client for _, client in cpu])}
+                **cpu_medians(results[side], size, per="item")}
 
     ratio = median([g / b for g, b in zip(rates("server"), rates("echo"), strict=True)])
     return summary("server"), summary("echo"), ratio

@@ -22,6 +22,7 @@ from typing import Any
 from benchmarks.common import (
     LoadResult,
     Row,
+    cpu_medians,
     drive,
     echo_server,
     fmt_rate,
@@ -54,13 +55,11 @@ def _summary(results: Sequence[LoadResult]) -> dict[str, object]:
     """Medians over rounds of calls/s and of CPU µs per call (server process, and this one's
     load threads: the two share this machine's cores); latency percentiles over every call."""
     latencies = [x for res in results for x in res.latencies_s]
-    cpu = [res.cpu_us_each() for res in results]
     return {"calls_per_s": median([res.per_second for res in results]),
             "rounds": [res.per_second for res in results],
             "errors": sum(res.errors for res in results),
             "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3,
-            "server_cpu_us_per_call": median([server for server, _ in cpu]),
-            "client_cpu_us_per_call": median([client for _, client in cpu])}
+            **cpu_medians(results)}
 
 
 Summary = dict[str, object]

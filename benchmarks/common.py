@@ -261,6 +261,15 @@ class LoadResult:
         return self.server_cpu_s * 1e6 / done, self.client_cpu_s * 1e6 / done
 
 
+def cpu_medians(results: Sequence[LoadResult], units: int = 1,
+                per: str = "call") -> dict[str, float]:
+    """Medians over rounds of the server's and this process's CPU µs per call (or per item,
+    `per="item"`, when each call carries `units`), as results.json records them."""
+    cpu = [res.cpu_us_each(units) for res in results]
+    return {f"server_cpu_us_per_{per}": median([server for server, _ in cpu]),
+            f"client_cpu_us_per_{per}": median([client for _, client in cpu])}
+
+
 def drive(call: Callable[[Any], Any], requests: Sequence[Any], *, concurrency: int,
           time_cap_s: float = 60.0, server_pid: int | None = None) -> LoadResult:
     """Sends every request (or as many as fit in time_cap_s) from `concurrency` threads; with
