@@ -232,12 +232,19 @@ class RelationshipIn(BaseModel):
     def _ids(cls, value: str) -> str:
         return _check_id(value)
 
+    @field_validator("predicate", mode="before")
+    @classmethod
+    def _null_predicate(cls, value: Any) -> Any:  # (`object` is a field's name here)
+        """A null predicate reads as blank, as a null type does."""
+        return "" if value is None else value
+
     @field_validator("predicate")
     @classmethod
     def _predicate(cls, value: str) -> str:
+        """A blank predicate is kept: it is unknown to the vocabulary, so it reads as the weak
+        fallback (`related_to`, SPEC section 6) with its raw text, and the edge the extractor
+        found between the two mentions is not lost."""
         check_unicode(value)
-        if not value.strip():
-            raise ValueError("predicate is empty")
         cap = _limits().max_predicate_chars
         if len(value) > cap:
             raise ValueError(f"predicate is {len(value)} characters long, more than cap {cap}")

@@ -416,6 +416,8 @@ def _fast_paper(
             return None
         subject = r.get("subject")
         predicate = r.get("predicate")
+        if predicate is None and "predicate" in r:  # null reads as blank (RelationshipIn)
+            predicate = ""
         obj_id = r.get("object")
         if type(subject) is _INT:
             subject = str(subject)
@@ -426,7 +428,7 @@ def _fast_paper(
         if (type(subject) is not _STR or type(predicate) is not _STR or type(obj_id) is not _STR
                 or subject not in seen or obj_id not in seen or subject == obj_id
                 or len(subject) > max_id or len(obj_id) > max_id
-                or len(predicate) > max_predicate or not predicate.strip()):
+                or len(predicate) > max_predicate):
             return None
         # (mention ids in ``seen`` are already non-blank)
         if confidence is not None:

@@ -67,6 +67,18 @@ def test_unknown_predicate_becomes_related_to_with_raw_kept() -> None:
     assert (r.predicate, r.raw_predicate) == ("related_to", "is reminiscent of")
 
 
+@pytest.mark.parametrize(("given", "raw"), [("  ", "  "), ("", ""), (None, "")])
+def test_a_blank_or_null_predicate_is_unknown_so_related_to(given: str | None, raw: str) -> None:
+    """SPEC section 6 rejects self-loops, dangling ids, bad confidences and oversized fields,
+    and reads an unknown predicate as the weak `related_to`: a blank one is unknown too (null
+    reads as blank), so the edge is kept; a missing one is still refused."""
+    rel = {"subject": "m1", "predicate": given, "object": "m2"}
+    p = parse(paper(relationships=[rel]))
+    assert p.rejects == ()
+    (r,) = p.relationships
+    assert (r.predicate, r.raw_predicate, r.inverted) == ("related_to", raw, False)
+
+
 def test_content_hash_ignores_formatting_but_not_content() -> None:
     a = parse(paper())
     b = parse(None, raw=json.dumps(paper(), indent=None, separators=(", ", ":  ")).encode())
@@ -95,7 +107,7 @@ BAD_RELATIONSHIPS = [
     ({"subject": "m1", "predicate": "uses", "object": "m2", "confidence": 10**400},
      "between 0 and 1, got a 401-digit number"),
     ({"subject": "m1", "object": "m2"}, "predicate: required field is missing"),
-    ({"subject": "m1", "predicate": "  ", "object": "m2"}, "predicate is empty"),
+    ({"subject": "m1", "predicate": 7, "object": "m2"}, "predicate: Input should be a valid string"),
     ({"subject": 1, "predicate": "uses", "object": "m2"},
      "subject: '1' is not a mention id of this paper"),
     ({"subject": 1.5, "predicate": "uses", "object": "m2"},

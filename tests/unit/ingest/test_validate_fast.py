@@ -125,9 +125,9 @@ DECLINED = [
     with_rel(confidence=10**400),
     with_rel(confidence=float("nan")),
     with_rel(confidence=float("inf")),
-    with_rel(predicate=" "),
+    with_rel(predicate=7),
     with_rel(predicate="p" * 257),
-    with_rel(predicate=None),
+    paper(relationships=[{"subject": "m1", "object": "m2"}]),  # no predicate at all
     with_rel(evidence=[]),
     with_rel(evidence={"quote": 7}),
     with_rel(evidence={"quote": "q" * 65537}),
@@ -170,6 +170,13 @@ def test_papers_with_a_reject_are_declined(obj: dict[str, Any]) -> None:
 def test_a_blank_type_is_taken_by_both_paths_alike() -> None:
     fast, slow = both(with_mention(type=" "))
     assert slow.rejects == () and fast == slow
+
+
+@pytest.mark.parametrize("predicate", ["", "  ", None])
+def test_a_blank_or_null_predicate_is_taken_by_both_paths_alike(predicate: str | None) -> None:
+    fast, slow = both(with_rel(predicate=predicate))
+    assert slow.rejects == () and fast == slow
+    assert slow.relationships[0].predicate == "related_to"
 
 
 def test_a_null_type_is_read_as_blank_by_both_paths_and_a_missing_one_refused() -> None:
