@@ -143,6 +143,17 @@ def _id_text(value: Any) -> Any:
 IdText = Annotated[str, BeforeValidator(_id_text)]
 
 
+def _blank_if_null(value: Any) -> Any:
+    """null reads as blank: extractors write it for a mention they could not label or a link
+    they could not name, and losing the item (and the relationships on it) would cost more
+    than the wildcard (`other`, `related_to`) does."""
+    return "" if value is None else value
+
+
+# A field that must be present, where null reads as blank.
+BlankIfNull = Annotated[str, BeforeValidator(_blank_if_null)]
+
+
 def _check_id(value: str) -> str:
     check_unicode(value)
     if not value.strip():
@@ -159,7 +170,7 @@ class MentionIn(BaseModel):
     model_config = _STRICT
     id: IdText
     text: str
-    type: str
+    type: BlankIfNull
     span: SpanList | SpanObject | None = None
 
     @field_validator("id")
@@ -177,14 +188,6 @@ class MentionIn(BaseModel):
         if len(value) > cap:
             raise ValueError(f"text is {len(value)} characters long, more than the cap of {cap}")
         return value
-
-    @field_validator("type", mode="before")
-    @classmethod
-    def _null_type(cls, value: object) -> object:
-        """A null type reads as blank: extractors write null for a mention they found but
-        could not label, and losing the mention (and its relationships) for it would cost
-        more than the wildcard does."""
-        return "" if value is None else value
 
     @field_validator("type")
     @classmethod
@@ -222,7 +225,7 @@ class RelationshipIn(BaseModel):
 
     model_config = _STRICT
     subject: IdText
-    predicate: str
+    predicate: BlankIfNull
     object: IdText
     confidence: float | None = None
     evidence: EvidenceIn | None = None
@@ -231,12 +234,6 @@ class RelationshipIn(BaseModel):
     @classmethod
     def _ids(cls, value: str) -> str:
         return _check_id(value)
-
-    @field_validator("predicate", mode="before")
-    @classmethod
-    def _null_predicate(cls, value: Any) -> Any:  # (`object` is a field's name here)
-        """A null predicate reads as blank, as a null type does."""
-        return "" if value is None else value
 
     @field_validator("predicate")
     @classmethod

@@ -392,7 +392,7 @@ def _fast_paper(
             mid = str(mid)
         text = m.get("text")
         etype = m.get("type")
-        if etype is None and "type" in m:  # null reads as blank (MentionIn); missing is refused
+        if etype is None and "type" in m:  # null reads as blank (BlankIfNull); missing: refused
             etype = ""
         if (type(mid) is not _STR or type(text) is not _STR or type(etype) is not _STR
                 or len(mid) > max_id or len(text) > max_text or len(etype) > 128
@@ -416,7 +416,7 @@ def _fast_paper(
             return None
         subject = r.get("subject")
         predicate = r.get("predicate")
-        if predicate is None and "predicate" in r:  # null reads as blank (RelationshipIn)
+        if predicate is None and "predicate" in r:  # null reads as blank (BlankIfNull)
             predicate = ""
         obj_id = r.get("object")
         if type(subject) is _INT:
