@@ -3,9 +3,10 @@
 Every call has a deadline. UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential backoff
 and full jitter until a retry budget (seconds) is spent, so a server restart in the middle of a job
 costs time, not data; so is CANCELLED, unless this client cancelled the call itself (the job is
-interrupted): a server that stops cancels the calls still running when its grace period ends. Retrying is safe: ResolveBatch with a context is idempotent on the server,
-Merge of an already merged pair is a no-op, and the change feed is resumed from the last sequence
-seen. Nothing protobuf leaves this module.
+interrupted): a server that stops cancels the calls still running when its grace period ends.
+Retrying is safe: ResolveBatch with a context is idempotent on the server, Merge of an already
+merged pair is a no-op, and the change feed is resumed from the last sequence seen. Nothing
+protobuf leaves this module.
 """
 
 from __future__ import annotations

@@ -36,12 +36,13 @@ import grpc
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
+from ingest.client import MAX_BATCH_SIZE_KEY
+
 logger = logging.getLogger(__name__)
 
 _SPACES = re.compile(r"\s+")
 MAX_MENTION_CHARS = 512
 MAX_BATCH = 5000
-MAX_BATCH_SIZE_KEY = "identity-max-batch-size"  # trailing metadata of a batch refused for size
 
 
 def display_form(text: str) -> str:
