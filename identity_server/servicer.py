@@ -49,7 +49,6 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 STATUS_CODES: dict[type[IdentityError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    BatchTooLarge: grpc.StatusCode.INVALID_ARGUMENT,
     EntityNotFound: grpc.StatusCode.NOT_FOUND,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
@@ -100,7 +99,7 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
                     self._check_admin(context)
                 return await method(self, request, context)
             except IdentityError as e:
-                code, details = STATUS_CODES.get(type(e), grpc.StatusCode.INTERNAL), str(e)
+                code, details = _status_code(e), str(e)
                 if isinstance(e, BatchTooLarge):
                     trailing = ((MAX_BATCH_SIZE_KEY, str(e.limit)),)
             except asyncio.CancelledError:  # the client went away (cancelled, deadline): no fault
@@ -127,6 +126,15 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
         return handler  # type: ignore[return-value]
 
     return wrap
+
+
+def _status_code(error: IdentityError) -> grpc.StatusCode:
+    """The status code of the nearest class of `error` that has one (a BatchTooLarge is an
+    InvalidArgument); INTERNAL for none."""
+    for cls in type(error).__mro__:
+        if cls in STATUS_CODES:
+            return STATUS_CODES[cls]
+    return grpc.StatusCode.INTERNAL
 
 
 def _count(request: Any) -> int:

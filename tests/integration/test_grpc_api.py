@@ -376,6 +376,7 @@ def test_batch_over_5000_mentions_is_refused_whole(stub: Stub) -> None:
     mentions = [(f"thing {i}", "other") for i in range(5001)]
     err = fails(lambda: batch(stub, mentions))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(err.trailing_metadata() or ())["identity-max-batch-size"] == "5000"
     assert changes(stub) == []  # nothing of it was written
     assert len(batch(stub, mentions[:5000], lookup_only=True).results) == 5000
 
