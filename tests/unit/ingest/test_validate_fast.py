@@ -15,14 +15,18 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from ingest.models import Limits, PaperEnvelope, limits_in_force
 from ingest.read import RawLine
 from ingest.testing import synthetic_papers
 from ingest.validate import (
+    _CANONICAL,
     CheckedPaper,
     _fast_paper,
+    _read_fast,
     canonical_json,
     check_paper,
     parse_line,
@@ -276,3 +280,62 @@ def test_randomly_damaged_papers_agree() -> None:
                 assert fast == slow
                 taken += 1
     assert taken > 500 and declined > 500
+
+
+# -- reading: orjson where it reads and writes as the stdlib does ------------------------------
+
+_JSON_SCALARS = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(blacklist_categories=()))  # any code point, lone surrogates too
+)
+_JSON = st.recursive(
+    _JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(st.characters(blacklist_categories=()), max_size=4), inner,
+                      max_size=4),
+    max_leaves=20,
+)
+
+
+def _stdlib(data: bytes) -> tuple[Any, bytes]:
+    obj = json.loads(data.decode("utf-8").removeprefix("\ufeff"))
+    return obj, _CANONICAL(obj).encode("utf-8", errors="surrogatepass")
+
+
+@settings(max_examples=400, deadline=None)
+@given(obj=st.dictionaries(st.text(max_size=6), _JSON, max_size=5), ascii_only=st.booleans(),
+       spaced=st.booleans(), bom=st.booleans())
+def test_a_line_orjson_takes_reads_and_hashes_as_the_stdlib_would(
+        obj: dict[str, Any], ascii_only: bool, spaced: bool, bom: bool) -> None:
+    """The content hash of every paper stored so far came from ``json``: a line read by orjson
+    must give the same object and the same canonical bytes, or be left to ``json``."""
+    text = json.dumps(obj, ensure_ascii=ascii_only,
+                      separators=(", ", ": ") if spaced else (",", ":"))
+    data = ("\ufeff" if bom else "").encode() + text.encode("utf-8", errors="surrogatepass")
+    fast = _read_fast(data)
+    if fast is None:
+        return
+    expected_obj, expected_bytes = _stdlib(data)
+    got_obj, got_bytes, plain = fast
+    assert plain and got_bytes == expected_bytes
+    assert _CANONICAL(got_obj) == _CANONICAL(expected_obj)  # types too: 1 is not 1.0
+
+
+@pytest.mark.parametrize("text", [
+    '{"n": 18446744073709551616}',  # beyond 64 bits: orjson reads a float
+    '{"n": -9223372036854775809}',
+    '{"c": 1e-05}', '{"c": 5.083e-05}', '{"c": 1e-7}',  # written otherwise by orjson
+    '{"c": NaN}', '{"c": 1e400}',  # read by json only
+    '{"q": "a\\ud800b"}',  # a lone surrogate
+    '{"d": ' + "[" * 300 + "]" * 300 + "}",  # nested past orjson's writer
+    "[1, 2]", '"text"',  # not an object: json's path names what it is
+])
+def test_lines_orjson_would_read_or_write_otherwise_are_left_to_json(text: str) -> None:
+    assert _read_fast(text.encode("utf-8")) is None
+
+
+def test_the_usual_line_is_read_by_orjson() -> None:
+    for obj in synthetic_papers(20, mentions_per_paper=6, relationships_per_paper=5, seed=3):
+        data = json.dumps(obj).encode()
+        fast = _read_fast(data)
+        assert fast is not None and fast[1] == _stdlib(data)[1]
