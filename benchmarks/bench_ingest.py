@@ -7,7 +7,8 @@ excluded). The baseline sends the same per-paper ResolveBatch calls (paper id as
 the same concurrency, through the same client class, to a server started the same way over a
 fresh copy of the same store: papers/s of resolution alone. The writer's ceiling is a DuckDB bulk
 insert of the same rows (papers, mentions, relationships) with ids precomputed. Peak RSS of the
-ingest process is sampled over the run, to show it stays flat as the batch grows.
+ingest process (with its worker, when the server is embedded) is sampled over the run, to show
+it stays flat as the batch grows.
 """
 
 from __future__ import annotations

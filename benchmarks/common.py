@@ -117,8 +117,29 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
+def process_tree(pid: int) -> list[int]:
+    """The process and its descendants (read from /proc; those gone meanwhile left out)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children", encoding="ascii") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+            except FileNotFoundError:
+                pass
+    return out
+
+
 class RssSampler:
-    """Samples a process's RSS every `every` seconds until stopped: (seconds, VmRSS, VmHWM)."""
+    """Samples the RSS of a process and its descendants (an embedded ingest job's worker)
+    every `every` seconds until stopped: (seconds, VmRSS summed, VmHWM summed: an upper bound
+    of their peak together)."""
 
     def __init__(self, pid: int, every: float = 0.1) -> None:
         self.pid = pid
@@ -138,10 +159,11 @@ class RssSampler:
     def _run(self) -> None:
         start = time.monotonic()
         while not self._stop.is_set():
-            s = proc_status(self.pid)
-            if s:
-                self.samples.append(
-                    (time.monotonic() - start, s.get("VmRSS", 0), s.get("VmHWM", 0)))
+            statuses = [s for s in map(proc_status, process_tree(self.pid)) if s]
+            if statuses:
+                self.samples.append((time.monotonic() - start,
+                                     sum(s.get("VmRSS", 0) for s in statuses),
+                                     sum(s.get("VmHWM", 0) for s in statuses)))
             self._stop.wait(self.every)
 
     @property

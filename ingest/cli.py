@@ -16,7 +16,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from ingest.client import IdentityClient, IdentityError, RetryPolicy
 from ingest.pipeline import (
     JobError,
     JobOptions,
+    Resolver,
     Summary,
     check_same_store,
     run_job,
@@ -35,6 +36,7 @@ from ingest.read import CORRUPT, InputError, expand_paths, open_input
 from ingest.settings import Settings
 from ingest.sink import GraphSink, SinkError
 from ingest.vocabulary import VocabularyError, default_vocabulary, load_vocabulary
+from ingest.worker import JobWorker, WorkerFailed
 
 logger = logging.getLogger(__name__)
 
@@ -192,17 +194,22 @@ def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
                          vocabulary=vocabulary, group_papers=settings.group_papers)
     files = expand_paths(paths)  # once: a directory without inputs is reported once
     total = _count_lines(files)
-    with GraphSink(settings.db) as sink, identity_server_address(settings) as address, \
-            _client(settings, address) as client:
+    job_args = (settings.db, files, options, total, settings)
+    with ExitStack() as stack:
+        # The graph opens first: one that cannot open fails before a server is started.
+        sink = stack.enter_context(GraphSink(settings.db))
+        worker = (stack.enter_context(JobWorker(_job, job_args, log_level=logging.root.level))
+                  if _in_worker(settings, files) else None)
+        address = stack.enter_context(identity_server_address(settings))
+        client = stack.enter_context(_client(settings, address))
         check_same_store(client, sink)  # before any id from another store gets stored
-        update, bar = _progress(settings, total)
-        try:
+        if worker is None:
+            summary = _job(client, *job_args, sink=sink)
+        else:
+            sink.close()  # the worker writes the graph; DuckDB lets one process open it
             with _lean_collector():
-                summary = run_job(files, sink=sink, resolver=client, options=options,
-                                  progress=update)
-        finally:
-            if bar is not None:
-                bar.close()
+                summary = worker.run(client, options.concurrency)
+            sink = stack.enter_context(GraphSink(settings.db))
         try:
             merges = sync_redirects(client, sink).merges
         except IdentityError as e:
@@ -211,6 +218,26 @@ def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
             merges = 0
     _print_summary(summary, client.retries, merges)
     return 0
+
+
+def _in_worker(settings: Settings, files: Sequence[Path]) -> bool:
+    """The job runs in a worker process beside an embedded server (see ingest.worker), which
+    reads files by name: a pipe or standard input is read here, in one process."""
+    return not settings.server and all(f.is_file() for f in files)
+
+
+def _job(resolver: Resolver, db: Path, files: Sequence[Path], options: JobOptions,
+         total: int | None, settings: Settings, *, sink: GraphSink | None = None) -> Summary:
+    """The pipeline over ``files`` into the graph at ``db`` (or the open ``sink``), with its
+    progress shown: in this process, or as the target of a JobWorker."""
+    with ExitStack() as stack:
+        if sink is None:
+            sink = stack.enter_context(GraphSink(db))
+        update, bar = _progress(settings, total)
+        if bar is not None:
+            stack.callback(bar.close)
+        with _lean_collector():
+            return run_job(files, sink=sink, resolver=resolver, options=options, progress=update)
 
 
 def _print_summary(summary: Summary, retries: int, merges: int) -> None:
@@ -348,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sync":
             return cmd_sync(settings)
         return cmd_stats(settings, args.top)
-    except (JobError, SinkError, InputError, VocabularyError, IdentityError) as e:
+    except (JobError, SinkError, InputError, VocabularyError, IdentityError, WorkerFailed) as e:
         logger.debug("job failed", exc_info=True)
         sys.stderr.write(f"ingest: error: {e}\n")
         return 1

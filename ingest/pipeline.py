@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from ingest.client import (
     BatchOutcome,
@@ -54,6 +54,18 @@ class Resolver(Protocol):
 
     def abort(self) -> None:
         """The job stops (Ctrl-C, a failed write): cancel the calls in flight."""
+
+
+@runtime_checkable
+class ResolvesAhead(Protocol):
+    """A Resolver that takes each paper as it is read, in order, and resolves the papers in that
+    order without the pipeline's threads (the embedded job's worker: see ingest.worker)."""
+
+    def submit_paper(self, paper: CheckedPaper, *,
+                     revisited: bool) -> Future[ResolvedPaper | LineReject]: ...
+
+    def abort(self) -> None:
+        """The job stops: fail the papers waiting."""
 
 
 # Codes that say something is wrong with the whole job (not with one paper): stop, exit non-zero.
@@ -156,26 +168,51 @@ def resolve_paper(resolver: Resolver, paper: CheckedPaper, *,
     """One ResolveBatch for the paper (in parts when the server takes fewer mentions at once:
     see IdentityClient.resolve_batch); mentions the server refuses are rejected with its reason.
 
-    `revisited`: an earlier revision of the paper is stored. When the server replays the reply
-    of that revision's identical request, the mentions are stored as it decides them now."""
+    `revisited`: an earlier revision of the paper is stored (see ``paper_outcomes``)."""
     if not paper.mentions:
         return ResolvedPaper(paper, ())
-    mentions = [(m.text, m.entity_type) for m in paper.mentions]
     try:
-        reply = resolver.resolve_batch(paper.paper_id, mentions)
-        outcomes = reply.outcomes
-        if reply.replayed and revisited:
-            now = resolver.resolve_batch(paper.paper_id, mentions, lookup_only=True)
-            outcomes = _as_decided_now(outcomes, now.outcomes)
+        outcomes = paper_outcomes(resolver, paper.paper_id, mention_pairs(paper),
+                                  revisited=revisited)
     except ServerUnavailable:
         raise
     except IdentityError as e:
-        if e.code in JOB_FATAL_CODES:
-            raise
-        logger.warning("paper %s at %s refused by the identity server: %s",
-                       paper.paper_id, paper.position, e)
-        return LineReject(paper.position, f"identity server refused the paper: {e}", "",
-                          paper.paper_id, paper.content_hash)
+        return refused_paper(paper, e)
+    return settle_paper(paper, outcomes)
+
+
+def mention_pairs(paper: CheckedPaper) -> list[tuple[str, str]]:
+    """What ResolveBatch is sent for the paper: each mention's text and type, in order."""
+    return [(m.text, m.entity_type) for m in paper.mentions]
+
+
+def paper_outcomes(resolver: Resolver, paper_id: str, mentions: Sequence[tuple[str, str]], *,
+                   revisited: bool) -> Sequence[Resolution | ItemFailure]:
+    """The server's outcome for each mention of the paper, its id the call's context.
+
+    When the paper is `revisited` (an earlier revision is stored) and the server replays the reply
+    of that revision's identical request, the mentions are stored as it decides them now."""
+    reply = resolver.resolve_batch(paper_id, mentions)
+    if reply.replayed and revisited:
+        now = resolver.resolve_batch(paper_id, mentions, lookup_only=True)
+        return _as_decided_now(reply.outcomes, now.outcomes)
+    return reply.outcomes
+
+
+def refused_paper(paper: CheckedPaper, error: IdentityError) -> LineReject:
+    """The paper's line rejected for the server's refusal; re-raises what stops the job."""
+    if isinstance(error, ServerUnavailable) or error.code in JOB_FATAL_CODES:
+        raise error
+    logger.warning("paper %s at %s refused by the identity server: %s",
+                   paper.paper_id, paper.position, error)
+    return LineReject(paper.position, f"identity server refused the paper: {error}", "",
+                      paper.paper_id, paper.content_hash)
+
+
+def settle_paper(paper: CheckedPaper,
+                 outcomes: Sequence[Resolution | ItemFailure]) -> ResolvedPaper:
+    """The paper with its resolutions: mentions the server refused, and relationships that
+    became self-loops once resolved, rejected with their reasons."""
     refused = {m.index: f"{o.code}: {_without_batch_index(o.message, i)}"
                for i, (m, o) in enumerate(zip(paper.mentions, outcomes, strict=True))
                if isinstance(o, ItemFailure)}
@@ -214,7 +251,7 @@ def run_job(
     paths: Sequence[str | Path],
     *,
     sink: GraphSink,
-    resolver: Resolver,
+    resolver: Resolver | ResolvesAhead,
     options: JobOptions | None = None,
     progress: Callable[[int], object] | None = None,
 ) -> Summary:
@@ -262,7 +299,7 @@ def run_job(
         if isinstance(head, LineReject):
             item: ResolvedPaper | LineReject = head
         else:
-            item = _wait_for(head)
+            item = wait_interruptibly(head)
             group_sent.append(sent_ids.pop(head))
         group.append(item)
         if isinstance(item, ResolvedPaper):
@@ -273,6 +310,12 @@ def run_job(
 
     with ThreadPoolExecutor(max_workers=opts.concurrency,
                             thread_name_prefix="ingest-resolve") as pool:
+        if isinstance(resolver, ResolvesAhead):
+            submit = resolver.submit_paper
+        else:
+            def submit(paper: CheckedPaper, *,
+                       revisited: bool) -> Future[ResolvedPaper | LineReject]:
+                return pool.submit(resolve_paper, resolver, paper, revisited=revisited)
         try:
             for chunk in _chunks(read_inputs(paths, max_line_bytes=opts.limits.max_line_bytes),
                                  opts.chunk_lines, opts.chunk_bytes):
@@ -288,7 +331,7 @@ def run_job(
                         window.append(_Unchanged(p.paper_id))
                     else:
                         revisited = bool(known.get(p.paper_id)) or p.paper_id in unwritten
-                        future = pool.submit(resolve_paper, resolver, p, revisited=revisited)
+                        future = submit(p, revisited=revisited)
                         sent_ids[future] = p.paper_id
                         unwritten[p.paper_id] = unwritten.get(p.paper_id, 0) + 1
                         window.append(future)
@@ -396,7 +439,7 @@ def sync_redirects(client: IdentityClient, sink: GraphSink) -> SyncResult:
     return SyncResult(count, new, len(links), last)
 
 
-def _wait_for(future: Future[T]) -> T:
+def wait_interruptibly(future: Future[T]) -> T:
     """future.result(), waited in slices: Ctrl-C delivered to one of gRPC's threads only marks
     itself pending for the main thread, which raises KeyboardInterrupt when it next wakes."""
     while True:
