@@ -196,10 +196,11 @@ def _worker_main(conn: Connection, log_level: int, target: Callable[..., Any],
         _report(resolver, ("interrupted",))
         return
     except Exception as e:
-        logger.debug("the job failed in its worker", exc_info=True)
-        if type(e).__name__ in _PASSED_ON:
+        if type(e).__name__ in _PASSED_ON:  # the job's process says what went wrong
+            logger.debug("the job failed in its worker", exc_info=True)
             _report(resolver, ("failed", e))
         else:
+            logger.exception("the job's worker failed")
             _report(resolver, ("crashed", f"{type(e).__name__}: {e}"))
         return
     _report(resolver, ("done", result))
@@ -254,6 +255,7 @@ class JobWorker:
                 return wait_interruptibly(end)
             except BaseException:
                 answerer.abort()  # calls in flight end now instead of running to their deadline
+                pool.shutdown(wait=False, cancel_futures=True)
                 self._stop()
                 raise
 
@@ -271,7 +273,10 @@ class JobWorker:
                 return
             kind = message[0]
             if kind == "resolve":
-                pool.submit(self._answer, answerer, *message[1:])
+                try:
+                    pool.submit(self._answer, answerer, *message[1:])
+                except RuntimeError:  # the job stopped here (Ctrl-C): nothing more to answer
+                    return
                 continue
             if kind == "abort":
                 answerer.abort()
