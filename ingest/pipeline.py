@@ -174,9 +174,7 @@ def resolve_paper(resolver: Resolver, paper: CheckedPaper, *,
     try:
         outcomes = paper_outcomes(resolver, paper.paper_id, mention_pairs(paper),
                                   revisited=revisited)
-    except ServerUnavailable:
-        raise
-    except IdentityError as e:
+    except IdentityError as e:  # ServerUnavailable and the job's fatal codes are raised again
         return refused_paper(paper, e)
     return settle_paper(paper, outcomes)
 

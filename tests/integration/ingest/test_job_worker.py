@@ -207,3 +207,28 @@ def test_ctrl_c_stops_the_job_and_its_worker_and_a_rerun_completes_it(
     rerun = _ingest(tmp_path, files, db)
     assert rerun.wait(timeout=300) == 0, _log(tmp_path)
     assert len(snapshot(db)["papers"]) == 1501
+
+
+def test_the_servers_refusals_cross_the_pipe_a_paper_rejected_or_the_job_stopped(
+        tmp_path: Path, jsonl: Callable[..., Path], snapshot: Callable[..., Any]) -> None:
+    """A refused paper is rejected in the worker with the server's reason; a code that says the
+    whole job is wrong stops it, named, with the papers before it stored."""
+    import grpc
+
+    from ingest.pipeline import JobError
+    from ingest.testing import serve_stub
+
+    files = [jsonl(tmp_path / "c.jsonl", synthetic_papers(20, mentions_per_paper=4,
+                                                          relationships_per_paper=2, seed=4))]
+    with serve_stub() as stub, IdentityClient(stub.address, policy=POLICY) as client:
+        stub.servicer.fail_next(1, grpc.StatusCode.INVALID_ARGUMENT)
+        summary = in_worker(tmp_path / "refused.duckdb", files, client)
+    assert (summary.ingested, summary.rejected_lines) == (19, 1)
+    (reject,) = [r for r in snapshot(tmp_path / "refused.duckdb")["rejects"]
+                 if "identity server refused the paper" in str(r)]
+    assert "INVALID_ARGUMENT" in str(reject)
+
+    with serve_stub() as stub, IdentityClient(stub.address, policy=POLICY) as client:
+        stub.servicer.fail_next(1, grpc.StatusCode.PERMISSION_DENIED)
+        with pytest.raises(JobError, match="PERMISSION_DENIED"):
+            in_worker(tmp_path / "denied.duckdb", files, client)
