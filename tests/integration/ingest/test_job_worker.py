@@ -177,36 +177,26 @@ def _worker_of(proc: subprocess.Popen[bytes]) -> int:
 
 
 @pytest.mark.slow
-def test_the_job_killed_its_worker_does_not_outlive_it_and_a_rerun_completes(
-        tmp_path: Path, jsonl: Callable[..., Path], snapshot: Callable[..., Any]) -> None:
-    files = corpus(tmp_path, jsonl, n=1500)
+@pytest.mark.parametrize("stop", ["SIGKILL to the job's process", "Ctrl-C"])
+def test_the_worker_ends_with_the_job_and_a_rerun_completes_it(
+        tmp_path: Path, jsonl: Callable[..., Path], snapshot: Callable[..., Any],
+        stop: str) -> None:
+    files = corpus(tmp_path, jsonl, n=3000)  # several seconds: still running at the signal
     db = tmp_path / "graph.duckdb"
     proc = _ingest(tmp_path, files, db)
     worker = _worker_of(proc)
     time.sleep(1.5)
-    os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait(timeout=30) == -signal.SIGKILL
+    if stop == "Ctrl-C":
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
+        assert proc.wait(timeout=60) == 130, _log(tmp_path)
+        assert "interrupted; rerun the same command to continue" in _log(tmp_path)
+    else:
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
     assert _gone(worker, within_s=20), "the worker outlived the job's process"
     rerun = _ingest(tmp_path, files, db)
     assert rerun.wait(timeout=300) == 0, _log(tmp_path)
-    assert len(snapshot(db)["papers"]) == 1501
-
-
-@pytest.mark.slow
-def test_ctrl_c_stops_the_job_and_its_worker_and_a_rerun_completes_it(
-        tmp_path: Path, jsonl: Callable[..., Path], snapshot: Callable[..., Any]) -> None:
-    files = corpus(tmp_path, jsonl, n=1500)
-    db = tmp_path / "graph.duckdb"
-    proc = _ingest(tmp_path, files, db)
-    worker = _worker_of(proc)
-    time.sleep(1.5)
-    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
-    assert proc.wait(timeout=60) == 130, _log(tmp_path)
-    assert "interrupted; rerun the same command to continue" in _log(tmp_path)
-    assert _gone(worker, within_s=20)
-    rerun = _ingest(tmp_path, files, db)
-    assert rerun.wait(timeout=300) == 0, _log(tmp_path)
-    assert len(snapshot(db)["papers"]) == 1501
+    assert len(snapshot(db)["papers"]) == 3001
 
 
 def test_the_servers_refusals_cross_the_pipe_a_paper_rejected_or_the_job_stopped(
