@@ -27,6 +27,7 @@ from ingest.pipeline import (
     JobError,
     JobOptions,
     Resolver,
+    ResolvesAhead,
     Summary,
     check_same_store,
     run_job,
@@ -226,7 +227,7 @@ def _in_worker(settings: Settings, files: Sequence[Path]) -> bool:
     return not settings.server and all(f.is_file() for f in files)
 
 
-def _job(resolver: Resolver, db: Path, files: Sequence[Path], options: JobOptions,
+def _job(resolver: Resolver | ResolvesAhead, db: Path, files: Sequence[Path], options: JobOptions,
          total: int | None, settings: Settings, *, sink: GraphSink | None = None) -> Summary:
     """The pipeline over ``files`` into the graph at ``db`` (or the open ``sink``), with its
     progress shown: in this process, or as the target of a JobWorker."""
