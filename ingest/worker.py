@@ -29,21 +29,25 @@ from typing import Any, Protocol, Self
 
 from ingest.client import BatchOutcome, IdentityError, ServerUnavailable
 from ingest.pipeline import (
+    JobError,
     mention_pairs,
     paper_outcomes,
     refused_paper,
     settle_paper,
     wait_interruptibly,
 )
-from ingest.sink import ResolvedPaper
+from ingest.read import InputError
+from ingest.sink import ResolvedPaper, SinkError
 from ingest.validate import CheckedPaper, LineReject
+from ingest.vocabulary import VocabularyError
 
 logger = logging.getLogger(__name__)
 
 _STOP_GRACE_S = 10.0  # how long an interrupted worker gets to finish its cleanup
 
-# What a worker may fail with, sent back as the error itself (each is built from its message).
-_PASSED_ON = ("JobError", "SinkError", "InputError", "VocabularyError")
+# What a worker may fail with, sent back as the error itself (each is rebuilt from its message)
+# for the command line to report as it would in one process; anything else is a crash.
+_PASSED_ON = (JobError, SinkError, InputError, VocabularyError)
 
 
 class Answerer(Protocol):
@@ -55,8 +59,9 @@ class Answerer(Protocol):
     def abort(self) -> None: ...
 
 
-_GONE = ServerUnavailable("ResolveBatch", "UNAVAILABLE",
-                          "the job's process (and its embedded identity server) went away")
+def _gone() -> ServerUnavailable:
+    return ServerUnavailable("ResolveBatch", "UNAVAILABLE",
+                             "the job's process (and its embedded identity server) went away")
 
 
 class WorkerFailed(Exception):
@@ -97,7 +102,7 @@ class PipeResolver:
                 _send(self._conn, ("resolve", call, paper.paper_id, mention_pairs(paper),
                                    revisited))
         except OSError:
-            self._fail_all(_GONE)
+            self._fail_all(_gone())
         return future
 
     def abort(self) -> None:
@@ -119,7 +124,7 @@ class PipeResolver:
             try:
                 reply = _recv(self._conn)
             except (EOFError, OSError):
-                self._fail_all(_GONE)
+                self._fail_all(_gone())
                 return
             with self._lock:
                 waiting = self._pending.pop(reply[1], None)
@@ -133,30 +138,27 @@ class PipeResolver:
                     settled = refused_paper(paper, _rebuild_error(*reply[2:]))
             except Exception as e:  # noqa: BLE001 - a fatal code, the server gone, or a bug:
                 # the paper fails with it (a reader that died would leave the job waiting)
-                _settle(future, error=e)
+                _settle(future, e)
             else:
-                _settle(future, result=settled)
+                _settle(future, settled)
 
     def _fail_all(self, error: IdentityError) -> None:
         with self._lock:
             self._closed = self._closed or error
             pending, self._pending = self._pending, {}
         for future, _ in pending.values():
-            _settle(future, error=error)
+            _settle(future, error)
 
 
-def _settle(future: Future[ResolvedPaper | LineReject], *,
-            result: ResolvedPaper | LineReject | None = None,
-            error: BaseException | None = None) -> None:
+def _settle(future: Future[ResolvedPaper | LineReject],
+            outcome: ResolvedPaper | LineReject | BaseException) -> None:
     """Completes the future unless the job already cancelled it."""
-    if future.done():
-        return
     try:
-        if error is not None:
-            future.set_exception(error)
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
         else:
-            future.set_result(result)  # type: ignore[arg-type]
-    except InvalidStateError:  # cancelled meanwhile
+            future.set_result(outcome)
+    except InvalidStateError:  # cancelled (or failed by an abort) meanwhile
         pass
 
 
@@ -196,7 +198,7 @@ def _worker_main(conn: Connection, log_level: int, target: Callable[..., Any],
         _report(resolver, ("interrupted",))
         return
     except Exception as e:
-        if type(e).__name__ in _PASSED_ON:  # the job's process says what went wrong
+        if isinstance(e, _PASSED_ON):  # the job's process says what went wrong
             logger.debug("the job failed in its worker", exc_info=True)
             _report(resolver, ("failed", e))
         else:
