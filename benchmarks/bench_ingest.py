@@ -259,7 +259,7 @@ def run(papers: Path, store: Path, work: Path, *, n_papers: int, timeout_s: floa
         "5 ingest memory", "RSS of the ingest process (separate server): median over the last "
         "quarter of the run vs the second quarter; peak",
         f"{fmt_bytes(sep['rss_4th_quarter'])}, peak {fmt_bytes(sep['peak_rss'])} "
-        f"(embedded peak {fmt_bytes(res['embedded']['peak_rss'])})",
+        f"(embedded, job and worker: peak {fmt_bytes(res['embedded']['peak_rss'])})",
         f"2nd quarter {fmt_bytes(sep['rss_2nd_quarter'])}", flat, "flat (<= 1.25x)",
         flat <= 1.25,
         {"separate_timeline": sep["rss_timeline"],
