@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,16 @@ ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 
 def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
+
+
+# Runs the command that follows with SIGINT's default action, which Python turns into
+# KeyboardInterrupt; a process started with SIGINT ignored (a shell's background job, some CI
+# runners) passes that on. Not `preexec_fn`: Python code between fork and exec can deadlock in a
+# process with other threads (here the stub server's). Once, on a slow host, the job had not
+# called the server after 20 s; that hazard is the likely cause.
+WITH_SIGINT = [sys.executable, "-c", (
+    "import os, signal, sys; "
+    "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])")]
 
 
 def signal_a_thread_other_than_main(pid: int, signum: int) -> None:

@@ -16,17 +16,9 @@ import pytest
 
 from ingest.cli import main
 from ingest.testing import StubServer, serve_stub, synthetic_papers
-from tests.conftest import signal_a_thread_other_than_main
+from tests.conftest import WITH_SIGINT, signal_a_thread_other_than_main
 
 REPO = Path(__file__).resolve().parents[3]
-# Runs the command that follows with SIGINT's default action, which Python turns into
-# KeyboardInterrupt; a process started with SIGINT ignored (a shell's background job, some CI
-# runners) passes that on. Not `preexec_fn`: Python code between fork and exec can deadlock in a
-# process with other threads (here the stub server's). Once, on a slow host, the job had not
-# called the server after 20 s; that hazard is the likely cause.
-_WITH_SIGINT = [sys.executable, "-c", (
-    "import os, signal, sys; "
-    "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])")]
 EXAMPLES = REPO / "examples"
 
 
@@ -164,7 +156,7 @@ def test_ctrl_c_while_the_server_is_slow_stops_the_job_at_once_and_a_rerun_compl
         stub.servicer.delay_seconds = 2.0  # every call outlasts its deadline and is retried
         with (tmp_path / "job.log").open("wb") as log:
             proc = subprocess.Popen(
-                [*_WITH_SIGINT, *command, "--server", stub.address], env=env,
+                [*WITH_SIGINT, *command, "--server", stub.address], env=env,
                 stdout=subprocess.DEVNULL, stderr=log)
         try:
             for _ in range(400):

@@ -24,6 +24,7 @@ from ingest.settings import Settings
 from ingest.sink import GraphSink
 from ingest.testing import synthetic_papers
 from ingest.worker import JobWorker, WorkerFailed
+from tests.conftest import WITH_SIGINT
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("identity_server.server") is None,
                                 reason="identity_server.server is not there yet")
@@ -141,17 +142,11 @@ def _gone(pid: int, within_s: float) -> bool:
     return False
 
 
-# SIGINT's default action for the command that follows (see test_cli._WITH_SIGINT).
-_WITH_SIGINT = [sys.executable, "-c", (
-    "import os, signal, sys; "
-    "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])")]
-
-
 def _ingest(tmp_path: Path, files: Path, db: Path) -> subprocess.Popen[bytes]:
     """`ingest run` with the embedded server, in its own process group; stderr to job.log."""
     with (tmp_path / "job.log").open("wb") as log:
         return subprocess.Popen(
-            [*_WITH_SIGINT, sys.executable, "-m", "ingest.cli", "run", str(files), "--db",
+            [*WITH_SIGINT, sys.executable, "-m", "ingest.cli", "run", str(files), "--db",
              str(db), "--identity-db", f"sqlite:///{tmp_path / 'identity.sqlite'}",
              "--no-progress"],
             stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
