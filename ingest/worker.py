@@ -303,7 +303,8 @@ class JobWorker:
             reply = ("error", call, *_error_fields(e))
         except Exception as e:  # a bug answering must not leave the worker waiting forever
             logger.exception("answering the job's worker failed")
-            reply = ("error", call, False, "ResolveBatch", "INTERNAL", str(e), None)
+            reply = ("error", call,
+                     *_error_fields(IdentityError("ResolveBatch", "INTERNAL", str(e))))
         with self._send_lock:
             try:
                 _send(self._conn, reply)
