@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from identity_server.domain import (
     OTHER,
@@ -44,15 +43,15 @@ class IndexView(Protocol):
     def typo_neighbours(self, k: str) -> Iterable[tuple[str, Collection[str]]]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+# Candidate and Decision are NamedTuples, not frozen dataclasses: every mention resolved makes
+# one of each or more, and a frozen dataclass's __init__ costs several times a tuple's.
+class Candidate(NamedTuple):
     entity: Entity
     matched_name: str  # the first matching name: name, aliases, surface forms, in recorded order
     alias_only: bool  # every name of the entity that matched at the rule is an alias
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """What the rules decided for one mention (display form and normalised type)."""
 
     outcome: Outcome
@@ -75,11 +74,11 @@ class Decision:
             return MatchKind.TYPO
         if self.best[0].alias_only:
             return MatchKind.ALIAS
-        return {Rule.EXACT: MatchKind.EXACT, Rule.CASE: MatchKind.CASE}.get(
-            self.rule, MatchKind.PUNCTUATION
-        )
+        return _KIND_OF_RULE[self.rule]
 
 
+_KIND_OF_RULE = {Rule.EXACT: MatchKind.EXACT, Rule.CASE: MatchKind.CASE,
+                 Rule.PUNCTUATION: MatchKind.PUNCTUATION, Rule.TYPO: MatchKind.TYPO}
 NEW_DECISION = Decision(Outcome.NEW, None, (), ())
 
 
@@ -220,11 +219,8 @@ def _candidates(
         if not matched:
             continue
         out.append(
-            Candidate(
-                entity=entity,
-                matched_name=matched[0].display,
-                alias_only=all(n.kind is NameKind.ALIAS for n in matched),
-            )
+            Candidate(entity, matched[0].display,
+                      all(n.kind is NameKind.ALIAS for n in matched))
         )
     if len(out) > 1:
         out.sort(key=lambda c: (rank(c.entity, mention_type), c.entity.ordinal))

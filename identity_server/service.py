@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
+
+import orjson
 
 from identity_server.authority import AuthorityRecord, Line, RecordError, parse_authority
 from identity_server.domain import (
@@ -58,8 +60,7 @@ MAX_ACTOR_LENGTH = 512
 MAX_REASON_LENGTH = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class Mention:
+class Mention(NamedTuple):
     """A mention checked and normalised: its display form, its type, the raw type given, and
     the display form's key (worked out once: every look and write of the mention needs it)."""
 
@@ -69,8 +70,11 @@ class Mention:
     key: str
 
 
-@dataclass(frozen=True, slots=True)
-class ResolveResult:
+# Mention and ResolveResult are NamedTuples, not frozen dataclasses: every mention resolved
+# makes one of each, and a frozen dataclass's __init__ costs several times a tuple's.
+class ResolveResult(NamedTuple):
+    """One mention's answer."""
+
     entity_id: str  # empty: lookup-only, and a creating call would make a new entity
     status: Status | None
     match_kind: MatchKind
@@ -1084,18 +1088,8 @@ def _merge_rank(e: Entity) -> tuple[int, int, int]:
 
 def _result(entity: Entity, kind: MatchKind, created: bool, linked: tuple[str, ...],
             candidates: tuple[str, ...], matched: str, m: Mention) -> ResolveResult:
-    return ResolveResult(
-        entity_id=entity.entity_id,
-        status=entity.status,
-        match_kind=kind,
-        created=created,
-        possibly_same_as=linked,
-        candidates=candidates,
-        name=entity.name,
-        matched_name=matched,
-        entity_type=entity.entity_type,
-        display_form=m.display,
-    )
+    return ResolveResult(entity.entity_id, entity.status, kind, created, linked, candidates,
+                         entity.name, matched, entity.entity_type, m.display)
 
 
 def _nothing(kind: MatchKind, candidates: tuple[str, ...], matched: str,
@@ -1127,7 +1121,10 @@ def _encode_results(results: Sequence[ResolveResult | ItemError]) -> str:
                 r.possibly_same_as, r.candidates, r.name, r.matched_name, r.entity_type,
                 r.display_form,
             ])
-    return json.dumps(out, ensure_ascii=False)
+    try:
+        return orjson.dumps(out).decode()  # ~10x json.dumps: a batch stores its reply each time
+    except orjson.JSONEncodeError:  # a lone surrogate (only an in-process caller passes one)
+        return json.dumps(out, ensure_ascii=False)
 
 
 def _decode_results(raw: str) -> list[ResolveResult | ItemError]:

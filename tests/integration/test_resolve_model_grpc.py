@@ -148,7 +148,7 @@ def test_resolve_after_resolve_over_grpc(tmp_path: Path, seed: int) -> None:
 def test_the_adapter_keeps_every_field() -> None:
     """The comparison is only as good as the translation back from the proto: every field of a
     result and a view is carried (a field added to either must be added here too)."""
-    assert [f.name for f in dataclasses.fields(ResolveResult)] == [
+    assert list(ResolveResult._fields) == [
         "entity_id", "status", "match_kind", "created", "possibly_same_as", "candidates", "name",
         "matched_name", "entity_type", "display_form"]
     assert [f.name for f in dataclasses.fields(EntityView)] == [
