@@ -218,10 +218,9 @@ def _candidates(
         matched = matching(entity)  # entity.names is already in matched_name order
         if not matched:
             continue
-        out.append(
-            Candidate(entity, matched[0].display,
-                      all(n.kind is NameKind.ALIAS for n in matched))
-        )
+        alias_only = (matched[0].kind is NameKind.ALIAS if len(matched) == 1
+                      else all(n.kind is NameKind.ALIAS for n in matched))
+        out.append(Candidate(entity, matched[0].display, alias_only))
     if len(out) > 1:
         out.sort(key=lambda c: (rank(c.entity, mention_type), c.entity.ordinal))
     return out

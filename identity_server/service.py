@@ -29,6 +29,7 @@ from identity_server.domain import (
     Entity,
     MatchKind,
     NameKind,
+    Rule,
     Status,
     TypeVocabulary,
     is_provisional_id,
@@ -640,11 +641,11 @@ class IdentityService:
                 m.display, m.entity_type, d.rule.name if d.rule else "-", d.outcome.value,
                 [c.entity.entity_id for c in d.candidates],
             )
-        candidates = tuple(c.entity.entity_id for c in d.candidates)
+        candidates = tuple([c.entity.entity_id for c in d.candidates])
         if d.outcome is Outcome.CONVERGED:
             assert d.winner is not None
             entity = d.winner.entity
-            if not entity.has_display(m.display):
+            if not _has_display(d, m):
                 entity = u.add_name(entity, m.display, NameKind.SURFACE)
             if _takes_type(entity, m):
                 entity = u.upgrade_type(entity, m.entity_type)
@@ -694,12 +695,12 @@ class IdentityService:
         d = decide(index, m.display, m.entity_type, m.key)
         prior = _Prior(d, index, generation)
         winner = d.winner
-        if winner is None or not winner.entity.has_display(m.display):
+        if winner is None or not _has_display(d, m):
             return None, prior
         e = winner.entity
         if _takes_type(e, m):
             return None, prior
-        candidates = tuple(c.entity.entity_id for c in d.candidates)
+        candidates = tuple([c.entity.entity_id for c in d.candidates])
         return _result(e, d.match_kind, False, (), candidates, winner.matched_name, m), prior
 
     def _record_evidence(self, u: Unit, entity: Entity, m: Mention, context_id: str) -> Entity:
@@ -738,7 +739,7 @@ class IdentityService:
     def _look(self, m: Mention) -> ResolveResult:
         """What a creating call would answer, writing nothing."""
         d: Decision = decide(self.index, m.display, m.entity_type, m.key)
-        candidates = tuple(c.entity.entity_id for c in d.candidates)
+        candidates = tuple([c.entity.entity_id for c in d.candidates])
         if d.outcome is Outcome.CONVERGED:
             assert d.winner is not None
             return _result(d.winner.entity, d.match_kind, False, (), candidates,
@@ -1075,6 +1076,13 @@ def _lost_names(before: Entity, after: Entity | None) -> bool:
             or not anchor_keys(before.names) <= anchor_keys(after.names))
 
 
+def _has_display(d: Decision, m: Mention) -> bool:
+    """Whether the converged decision's entity has the mention's display form among its names
+    (known without a look when rule 1 decided: it matched through one of them)."""
+    assert d.winner is not None
+    return d.rule is Rule.EXACT or d.winner.entity.has_display(m.display)
+
+
 def _takes_type(e: Entity, m: Mention) -> bool:
     """SPEC: a provisional entity typed `other` takes a typed mention's type (not placeholders)."""
     return (e.status is Status.PROVISIONAL and not e.placeholder and e.entity_type == OTHER
@@ -1110,17 +1118,9 @@ def _batch_hash(context_id: str, mentions: Sequence[tuple[str, str]]) -> str:
 
 
 def _encode_results(results: Sequence[ResolveResult | ItemError]) -> str:
-    """A stored batch reply: one JSON array per item (an error is [code, message])."""
-    out: list[list[object]] = []
-    for r in results:
-        if isinstance(r, ItemError):
-            out.append([r.code, r.message])
-        else:
-            out.append([
-                r.entity_id, r.status.value if r.status else None, r.match_kind.value, r.created,
-                r.possibly_same_as, r.candidates, r.name, r.matched_name, r.entity_type,
-                r.display_form,
-            ])
+    """A stored batch reply: one JSON array per item, a result's fields in order (its enums are
+    StrEnums: written as their values), an error as [code, message]."""
+    out = [[r.code, r.message] if isinstance(r, ItemError) else tuple(r) for r in results]
     try:
         return orjson.dumps(out).decode()  # ~10x json.dumps: a batch stores its reply each time
     except orjson.JSONEncodeError:  # a lone surrogate (only an in-process caller passes one)
