@@ -356,29 +356,34 @@ def _mentions(request: pb.ResolveBatchRequest) -> list[tuple[str, str]]:
 
 def batch_response(reply: BatchReply) -> pb.ResolveBatchResponse:
     out = pb.ResolveBatchResponse(replayed=reply.replayed)
+    add = out.results.add
     for r in reply.results:
-        item = out.results.add()
         if isinstance(r, ItemError):
-            item.error.code = grpc.StatusCode[r.code].value[0]
-            item.error.message = r.message
+            add(error=pb.ItemError(code=grpc.StatusCode[r.code].value[0], message=r.message))
         else:
-            item.resolved.CopyFrom(resolve_response(r))
+            # Fields straight into the item's message: building a ResolveResponse to copy in
+            # costs a third more a mention.
+            add(resolved=_resolved_fields(r))
     return out
 
 
 def resolve_response(r: ResolveResult) -> pb.ResolveResponse:
-    return pb.ResolveResponse(
-        entity_id=r.entity_id,
-        status=_STATUS[r.status] if r.status else pb.ENTITY_STATUS_UNSPECIFIED,
-        match_kind=_KIND[r.match_kind],
-        created=r.created,
-        possibly_same_as=r.possibly_same_as,
-        candidates=r.candidates,
-        name=r.name,
-        matched_name=r.matched_name,
-        entity_type=r.entity_type,
-        display_form=r.display_form,
-    )
+    return pb.ResolveResponse(**_resolved_fields(r))
+
+
+def _resolved_fields(r: ResolveResult) -> dict[str, Any]:
+    return {
+        "entity_id": r.entity_id,
+        "status": _STATUS[r.status] if r.status else pb.ENTITY_STATUS_UNSPECIFIED,
+        "match_kind": _KIND[r.match_kind],
+        "created": r.created,
+        "possibly_same_as": r.possibly_same_as,
+        "candidates": r.candidates,
+        "name": r.name,
+        "matched_name": r.matched_name,
+        "entity_type": r.entity_type,
+        "display_form": r.display_form,
+    }
 
 
 def entity_message(v: EntityView) -> pb.Entity:
