@@ -1,22 +1,27 @@
-"""String-keyed tables whose entries hold one value or, rarely, several.
+"""Tables whose entries hold one string value or, rarely, several.
 
 A plain str for the common single value saves a set per entry, which halves the index's memory
-and build time.
+and build time. Keyed by strings (`MultiMap`) or by any hashable key (the typo overlay's are
+ints).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 MultiMap = dict[str, "str | set[str]"]
 
 
-def values(table: MultiMap, k: str) -> tuple[str, ...] | set[str]:
+def values(table: dict[K, str | set[str]], k: K) -> tuple[str, ...] | set[str]:
     found = table.get(k)
     if found is None:
         return ()
     return (found,) if isinstance(found, str) else found
 
 
-def add(table: MultiMap, k: str, value: str) -> None:
+def add(table: dict[K, str | set[str]], k: K, value: str) -> None:
     found = table.get(k)
     if found is None:
         table[k] = value
@@ -27,7 +32,7 @@ def add(table: MultiMap, k: str, value: str) -> None:
         found.add(value)
 
 
-def remove(table: MultiMap, k: str, value: str) -> None:
+def remove(table: dict[K, str | set[str]], k: K, value: str) -> None:
     found = table.get(k)
     if found is None:
         return

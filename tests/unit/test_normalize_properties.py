@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.index import NameIndex
 from identity_server.normalize import WHITE_SPACE, display_form, key, one_edit_apart
-from identity_server.typo_table import DeletionVariantTable
+from identity_server.typo_table import (
+    DeletionVariantTable,
+    _chunk_variant_hashes,
+    variant_hash,
+    variant_hashes,
+)
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -448,6 +453,23 @@ def test_every_variant_of_every_anchor_is_found_built_filed_and_packed() -> None
     pack.release()
     assert (table.packed_anchors, table.overlay_anchors) == (len(anchors), 0)
     all_found(anchors)
+
+
+@FAST
+@given(st.lists(st.one_of(any_text, tricky_text, st.text(any_char, min_size=60, max_size=700)),
+                max_size=8))
+def test_the_three_ways_of_hashing_variants_agree(keys: list[str]) -> None:
+    """A build hashes variants in numpy, a lookup and a filing from one pass over the key, and
+    each must give the hash of the variant string itself: a variant hashed differently at build
+    and at lookup is a typo never found (any code point: surrogates, astral, combining)."""
+    chunk = [int(h) for h in _chunk_variant_hashes(keys)]
+    at = 0
+    for k in keys:
+        spelled = [variant_hash(k[:i] + k[i + 1 :]) for i in range(len(k))] + [variant_hash(k)]
+        assert chunk[at : at + len(k) + 1] == spelled, k
+        assert sorted(variant_hashes(k)) == sorted(spelled), k
+        at += len(k) + 1
+    assert at == len(chunk)
 
 
 def test_an_abandoned_pack_puts_its_anchors_back_in_the_overlay() -> None:
