@@ -361,8 +361,8 @@ def batch_response(reply: BatchReply) -> pb.ResolveBatchResponse:
         if isinstance(r, ItemError):
             add(error=pb.ItemError(code=grpc.StatusCode[r.code].value[0], message=r.message))
         else:
-            # Fields straight into the item's message: building a ResolveResponse to copy in
-            # costs a third more a mention.
+            # Fields straight into the item's message: a ResolveResponse built and copied in
+            # cost ~10% more a mention, serialisation included.
             add(resolved=_resolved_fields(r))
     return out
 

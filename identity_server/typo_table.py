@@ -49,7 +49,8 @@ _SHARD_BITS = 4  # 16 shards: a pack's scratch memory is a sixteenth of the tabl
 _SHARD_SHIFT = 64 - _SHARD_BITS
 _WORDS_PER_BUCKET = 4  # the directory costs 4 bytes per bucket: ~1 byte a variant
 _DIRECTORY_CHUNK = 1 << 20  # bucket starts found this many at a time (bounded scratch memory)
-_BUILD_CHUNK = 1 << 16  # anchors hashed at a time
+_BUILD_CHUNK = 1 << 16  # anchors encoded at a time
+_HASH_CHUNK = 1 << 14  # anchors hashed at a time in numpy (~25 MB of scratch arrays)
 _SHARD_STARTS = np.arange(1 << _SHARD_BITS, dtype=np.uint64) << np.uint64(_SHARD_SHIFT)
 
 Words = npt.NDArray[np.uint64]
@@ -345,8 +346,8 @@ def _variant_hashes(anchors: Sequence[str], first: int) -> tuple[Words, Words]:
     numbers = np.repeat(np.arange(first, first + len(anchors), dtype=np.uint64), lengths)
     hashes = np.empty(count, dtype=np.uint64)
     filled = 0
-    for start in range(0, len(anchors), _BUILD_CHUNK):
-        chunk = _chunk_variant_hashes(anchors[start : start + _BUILD_CHUNK])
+    for start in range(0, len(anchors), _HASH_CHUNK):
+        chunk = _chunk_variant_hashes(anchors[start : start + _HASH_CHUNK])
         hashes[filled : filled + len(chunk)] = chunk
         filled += len(chunk)
     return hashes, numbers
