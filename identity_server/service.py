@@ -21,8 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
-import orjson
-
+from identity_server import json_text
 from identity_server.authority import AuthorityRecord, Line, RecordError, parse_authority
 from identity_server.domain import (
     OTHER,
@@ -641,7 +640,7 @@ class IdentityService:
                 m.display, m.entity_type, d.rule.name if d.rule else "-", d.outcome.value,
                 [c.entity.entity_id for c in d.candidates],
             )
-        candidates = tuple([c.entity.entity_id for c in d.candidates])
+        candidates = _candidate_ids(d)
         if d.outcome is Outcome.CONVERGED:
             assert d.winner is not None
             entity = d.winner.entity
@@ -700,7 +699,7 @@ class IdentityService:
         e = winner.entity
         if _takes_type(e, m):
             return None, prior
-        candidates = tuple([c.entity.entity_id for c in d.candidates])
+        candidates = _candidate_ids(d)
         return _result(e, d.match_kind, False, (), candidates, winner.matched_name, m), prior
 
     def _record_evidence(self, u: Unit, entity: Entity, m: Mention, context_id: str) -> Entity:
@@ -739,7 +738,7 @@ class IdentityService:
     def _look(self, m: Mention) -> ResolveResult:
         """What a creating call would answer, writing nothing."""
         d: Decision = decide(self.index, m.display, m.entity_type, m.key)
-        candidates = tuple([c.entity.entity_id for c in d.candidates])
+        candidates = _candidate_ids(d)
         if d.outcome is Outcome.CONVERGED:
             assert d.winner is not None
             return _result(d.winner.entity, d.match_kind, False, (), candidates,
@@ -1076,6 +1075,11 @@ def _lost_names(before: Entity, after: Entity | None) -> bool:
             or not anchor_keys(before.names) <= anchor_keys(after.names))
 
 
+def _candidate_ids(d: Decision) -> tuple[str, ...]:
+    """The deciding rule's candidates, as a reply names them."""
+    return tuple([c.entity.entity_id for c in d.candidates])
+
+
 def _has_display(d: Decision, m: Mention) -> bool:
     """Whether the converged decision's entity has the mention's display form among its names
     (known without a look when rule 1 decided: it matched through one of them)."""
@@ -1120,11 +1124,8 @@ def _batch_hash(context_id: str, mentions: Sequence[tuple[str, str]]) -> str:
 def _encode_results(results: Sequence[ResolveResult | ItemError]) -> str:
     """A stored batch reply: one JSON array per item, a result's fields in order (its enums are
     StrEnums: written as their values), an error as [code, message]."""
-    out = [[r.code, r.message] if isinstance(r, ItemError) else tuple(r) for r in results]
-    try:
-        return orjson.dumps(out).decode()  # ~10x json.dumps: a batch stores its reply each time
-    except orjson.JSONEncodeError:  # a lone surrogate (only an in-process caller passes one)
-        return json.dumps(out, ensure_ascii=False)
+    return json_text.dumps(
+        [[r.code, r.message] if isinstance(r, ItemError) else tuple(r) for r in results])
 
 
 def _decode_results(raw: str) -> list[ResolveResult | ItemError]:

@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from sqlalchemy import (
     Connection,
     Engine,
@@ -36,6 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import RootTransaction
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
+from identity_server import json_text
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.errors import StoreUnavailable
 from identity_server.store import schema as t
@@ -623,15 +623,6 @@ class _Statements:
 _STATEMENTS: dict[bool, _Statements] = {}
 
 
-def _detail_text(detail: dict[str, Any]) -> str:
-    """A change's detail as stored: JSON with sorted keys (orjson, a tenth of json.dumps's
-    cost, which was most of a change row's; json for what orjson refuses, a lone surrogate)."""
-    try:
-        return orjson.dumps(detail, option=orjson.OPT_SORT_KEYS).decode()
-    except orjson.JSONEncodeError:
-        return json.dumps(detail, ensure_ascii=False, sort_keys=True)
-
-
 class Tx:
     """One transaction's operations. Every method is a small statement or two.
 
@@ -893,7 +884,7 @@ class Tx:
         if records:
             self._driver_many(
                 self._sql.insert_changes,
-                [(c.seq, c.kind, c.entity_id, c.other_id, _detail_text(c.detail),
+                [(c.seq, c.kind, c.entity_id, c.other_id, json_text.dumps(c.detail, sort_keys=True),
                   c.recorded_at) for c in records],
             )
 
