@@ -115,6 +115,24 @@ class _NameTables:
         self.top = top
 
 
+class _Extras:
+    """What one version of an Entity keeps beyond its fields: its name tables, its name keys
+    and the names it grew from. Few versions ever need any (a much-mentioned entity, a version
+    made by `with_name`), so they share one slot, set on first need: one slot instead of three
+    is 16 bytes an entity, ~160 MB of the index at 10 million entities."""
+
+    __slots__ = ("grown_from", "keys", "tables")
+
+    def __init__(self) -> None:
+        # Tables over the names when there are many (DISPLAY_TABLE_FROM), shared along versions
+        # made by `with_name`; a version made by dataclasses.replace builds its own.
+        self.tables: _NameTables | None = None
+        self.keys: frozenset[str] | None = None
+        # The names of the version `with_name` made this one from (`names` is those plus one),
+        # so the index re-files one name without comparing thousands; let go by `grew_from`.
+        self.grown_from: tuple[Name, ...] | None = None
+
+
 class _Visible(Sequence["Name"]):
     """The part of a shared casefolded-form list that one version of the entity holds: a
     prefix, since later versions' surface forms come last (no copy of thousands of names)."""
@@ -158,14 +176,7 @@ class Entity:
     placeholder: bool = False
     redirect_to: str | None = None
     names: tuple[Name, ...] = field(default=())
-    # Tables over the names when there are many (DISPLAY_TABLE_FROM), shared along versions made
-    # by `with_name`; a version made by dataclasses.replace builds its own.
-    _tables: _NameTables | None = field(default=None, init=False, repr=False, compare=False)
-    _keys: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
-    # The names of the version `with_name` made this one from (`names` is those plus one), so
-    # the index re-files one name without comparing thousands; it lets go of them (`grew_from`).
-    _grown_from: tuple[Name, ...] | None = field(
-        default=None, init=False, repr=False, compare=False)
+    _extras: _Extras | None = field(default=None, init=False, repr=False, compare=False)
     ordered: InitVar[bool] = False  # `names` is in matched_name order already: no sort
 
     def __post_init__(self, ordered: bool) -> None:
@@ -189,9 +200,7 @@ class Entity:
         _set_placeholder(entity, placeholder)
         _set_redirect(entity, redirect_to)
         _set_names(entity, names)
-        _set_tables(entity, None)
-        _set_keys(entity, None)
-        _set_grown_from(entity, None)
+        _set_extras(entity, None)
         return entity
 
     def with_name(self, name: Name) -> Entity:
@@ -204,11 +213,16 @@ class Entity:
             return dataclasses.replace(self, names=names + (name,))
         updated = Entity(self.entity_id, self.entity_type, self.status, self.ordinal,
                          self.placeholder, self.redirect_to, names + (name,), ordered=True)
-        object.__setattr__(updated, "_grown_from", names)
-        keys = self._keys
+        extras = _Extras()
+        extras.grown_from = names
+        object.__setattr__(updated, "_extras", extras)
+        mine = self._extras
+        if mine is None:
+            return updated
+        keys = mine.keys
         if keys is not None:
-            object.__setattr__(updated, "_keys", keys if name.key in keys else keys | {name.key})
-        tables = self._tables
+            extras.keys = keys if name.key in keys else keys | {name.key}
+        tables = mine.tables
         if tables is not None:
             with tables.lock:
                 if tables.top == top:  # this is the newest version: the tables go on with it
@@ -219,16 +233,18 @@ class Entity:
                     if by_folded is not None:
                         by_folded.setdefault(name.folded, []).append(name)
                     tables.top = name.position
-                    object.__setattr__(updated, "_tables", tables)
+                    extras.tables = tables
         return updated
 
     def grew_from(self, names: tuple[Name, ...]) -> bool:
         """Whether this version is `names` plus one surface form, made by `with_name` (known
         without comparing the names). Asked once, by the index as it files this version."""
-        grown = self._grown_from
-        if grown is None:
+        extras = self._extras
+        if extras is None or extras.grown_from is None:
             return False
-        object.__setattr__(self, "_grown_from", None)  # not kept: the index holds each version
+        grown, extras.grown_from = extras.grown_from, None  # not kept: the index holds each version
+        if extras.keys is None and extras.tables is None:
+            object.__setattr__(self, "_extras", None)  # nothing else in it: free the slot's object
         return grown is names
 
     def _top(self) -> int:
@@ -260,10 +276,11 @@ class Entity:
         names = self.names
         if len(names) < DISPLAY_TABLE_FROM:
             return {n.key for n in names}
-        keys = self._keys
+        extras = self._own_extras()
+        keys = extras.keys
         if keys is None:
             keys = frozenset(n.key for n in names)
-            object.__setattr__(self, "_keys", keys)
+            extras.keys = keys
         return keys
 
     def with_display(self, display: str) -> list[Name]:
@@ -322,11 +339,21 @@ class Entity:
                 setattr(tables, which, table)
 
     def _name_tables(self) -> _NameTables:
-        tables = self._tables
+        extras = self._own_extras()
+        tables = extras.tables
         if tables is None:
             tables = _NameTables(self._top())
-            object.__setattr__(self, "_tables", tables)  # a racing one's is as good
+            extras.tables = tables  # a racing one's is as good
         return tables
+
+    def _own_extras(self) -> _Extras:
+        """This version's extras, made on first need (two threads racing may each make one and
+        one set is kept: what it misses is a cache, made again when next asked)."""
+        extras = self._extras
+        if extras is None:
+            extras = _Extras()
+            object.__setattr__(self, "_extras", extras)
+        return extras
 
     @property
     def name(self) -> str:
@@ -343,7 +370,7 @@ def _name_order(n: Name) -> tuple[int, int]:
 _new_entity = object.__new__
 # The setters of Entity's slots, for `Entity.loaded` (which sets every field: see the test).
 (_set_id, _set_type, _set_status, _set_ordinal, _set_placeholder, _set_redirect, _set_names,
- _set_tables, _set_keys, _set_grown_from) = (
+ _set_extras) = (
     getattr(Entity, f.name).__set__ for f in dataclasses.fields(Entity))
 
 
