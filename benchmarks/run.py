@@ -51,7 +51,7 @@ def profile(quick: bool) -> dict[str, Any]:
             "ingest_n": 100_000, "per_kind": 1000, "repeats": 5, "scan_queries": 15,
             # Unary rounds of 4,000 calls (~2 s each): rounds of 2,000 split into two modes
             # 0.25x apart on this noisy host (0.57-0.60 and 0.79-0.82 in one run). Nine of them:
-            # five rounds of one run spread by up to 0.16x (2026-12-01), and their median moved
+            # five rounds of one run spread by 0.15-0.2x (2026-12-01), and their median moved
             # 0.74-0.88x between runs of the same code minutes apart.
             "batch_items": 2000, "batch_rounds": 5, "unary_calls": 4000, "unary_rounds": 9,
             "ingest_repeats": 2}  # 2 pairs of 10,000-paper runs a mode: the suite's longest part
