@@ -396,6 +396,47 @@ def test_without_the_background_checkpointer_commits_stay_in_the_wal(tmp_path: P
         assert _seqs(db) == [1]
 
 
+@pytest.mark.parametrize("restart_at", [5, 10**9], ids=["restarting", "control: never"])
+def test_a_wal_checkpointed_while_writes_go_on_starts_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restart_at: int) -> None:
+    """Under a steady stream of writes every checkpoint finds a write under way, whose frames
+    are newer than its copy; a writer starts the WAL over only when it begins with every frame
+    copied, so with PASSIVE alone the WAL grows with each commit for as long as writes go on.
+    Once the WAL is long, the writer copies the frames the checkpoint left right after its
+    commit, and its next transaction starts the WAL over: it stays a few frames long. The
+    control shows the check can fail."""
+    monkeypatch.setattr(sql_module, "RESTART_AT_FRAMES", restart_at)
+    commits = 150
+    inside, done = threading.Event(), threading.Event()
+    with _store(tmp_path, checkpoint_every_s=3600) as (store, db):  # checkpoints called below
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+
+        def write_steadily() -> None:
+            for seq in range(1, commits + 1):
+                with store.write() as tx:
+                    tx.append_changes(
+                        [ChangeRecord(seq, "created", f"P{seq}", "", {"name": f"n{seq}"}, 0.0)])
+                    inside.set()
+                    time.sleep(0.002)  # the checkpoint below runs while this write is open
+            done.set()
+
+        writer = threading.Thread(target=write_steadily)
+        writer.start()
+        while not done.is_set():
+            if inside.wait(0.05):
+                inside.clear()
+                checkpointer._checkpoint()
+        writer.join(10)
+        wal_bytes = os.path.getsize(f"{db}-wal")
+        assert _seqs(db) == list(range(1, commits + 1))
+    frame = 4096 + 24
+    if restart_at < 10**9:
+        assert wal_bytes < 20 * frame
+    else:
+        assert wal_bytes >= commits * frame
+
+
 def _queue_behind_a_held_leader(
     service: IdentityService, monkeypatch: pytest.MonkeyPatch, mentions: list[str]
 ) -> tuple[list[object], list[int], threading.Event, list[threading.Thread]]:
