@@ -119,12 +119,13 @@ class SqlStore:
         self._writer: Connection | None = None
         self._writer_lock = threading.Lock()
         # The kept writer's busy timeout as last set (ms; None: as opened), and the one its
-        # statements need inside a write transaction: none in WAL mode, where a transaction
-        # holding the write lock waits on nothing (so the PRAGMAs around each BEGIN are only
-        # run when the timeout changes), the whole one in a rollback journal, whose COMMIT
-        # waits for readers.
+        # statements need inside a write transaction: the whole one in a rollback journal,
+        # whose COMMIT waits for readers; any in WAL mode (None), where a transaction holding
+        # the write lock waits on nothing, so the timeout its BEGIN waited with stays, and a
+        # PRAGMA runs only when a BEGIN needs another (one that must not wait, after one that
+        # may).
         self._writer_busy_ms: int | None = None
-        self._writer_inside_ms = 0
+        self._writer_inside_ms: int | None = None
         _check_url(url)
         database = _sqlite_file(url)  # None: PostgreSQL
         if database is not None and not os.path.isdir(os.path.dirname(database) or "."):
@@ -327,7 +328,8 @@ class SqlStore:
                 raise WouldBlock("another connection holds the store's write lock") from e
             raise
         finally:
-            self._set_writer_busy_ms(conn, self._writer_inside_ms)
+            if self._writer_inside_ms is not None:
+                self._set_writer_busy_ms(conn, self._writer_inside_ms)
 
     def _begin_waiting(self, conn: Connection) -> RootTransaction:
         """BEGIN IMMEDIATE, waiting up to the busy timeout for another connection's write lock,
@@ -347,7 +349,8 @@ class SqlStore:
                     if self._closing:
                         raise StoreUnavailable("the identity store is closing") from e
         finally:
-            self._set_writer_busy_ms(conn, self._writer_inside_ms)
+            if self._writer_inside_ms is not None:
+                self._set_writer_busy_ms(conn, self._writer_inside_ms)
 
     def _set_writer_busy_ms(self, conn: Connection, ms: int) -> None:
         """Give the kept writer this busy timeout, with a statement only when it changes."""
@@ -365,7 +368,7 @@ class SqlStore:
             driver = conn.connection.driver_connection
             assert driver is not None
             (mode,) = driver.execute("PRAGMA journal_mode").fetchone()
-            self._writer_inside_ms = 0 if mode == "wal" else int(self._busy_timeout_s * 1000)
+            self._writer_inside_ms = None if mode == "wal" else int(self._busy_timeout_s * 1000)
             self._writer_busy_ms = None  # as opened: the engine's timeout
             self._writer = conn
         return self._writer

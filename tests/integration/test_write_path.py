@@ -288,6 +288,29 @@ def test_a_write_waiting_for_another_process_takes_the_lock_when_freed_or_ends_o
         assert _seqs(db) == [1, 2]
 
 
+def test_in_wal_mode_a_busy_timeout_is_set_only_when_a_begin_needs_another(
+        tmp_path: Path) -> None:
+    """A WAL write transaction waits on nothing once begun, so the timeout its BEGIN waited with
+    stays: writes that may wait run BEGIN, their statements and COMMIT, no PRAGMA; one that
+    must not wait sets its own once, and the next that may wait sets it back once."""
+    with _store(tmp_path) as (store, db):
+        _commit(store, 1)
+        driver = store._writer.connection.driver_connection  # type: ignore[union-attr]
+        seen: list[str] = []
+        driver.set_trace_callback(seen.append)
+        _commit(store, 2)
+        _commit(store, 3)
+        assert not [s for s in seen if "busy_timeout" in s], seen
+        with store.write(wait=False) as tx:
+            tx.append_changes([ChangeRecord(4, "created", "P4", "", {}, 0.0)])
+        _commit(store, 5)
+        _commit(store, 6)
+        driver.set_trace_callback(None)
+        assert [s for s in seen if "busy_timeout" in s] == ["PRAGMA busy_timeout=0",
+                                                           "PRAGMA busy_timeout=250"]
+        assert _seqs(db) == [1, 2, 3, 4, 5, 6]
+
+
 def test_a_write_that_must_not_wait_says_so_at_once_and_leaves_the_store_working(
         tmp_path: Path) -> None:
     """write(wait=False) raises WouldBlock, without waiting out the busy timeout, while another
