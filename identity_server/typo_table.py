@@ -285,8 +285,14 @@ class DeletionVariantTable:
         found: set[str] = set()
         for overlay in (self._overlay, self._packing):  # read in the order begin_pack sets them
             if overlay:
+                held = overlay.get  # most probes miss: a get each, no call of multimap.values
                 for probe in probes:
-                    found.update(multimap.values(overlay, probe))
+                    hit = held(probe)
+                    if hit is not None:
+                        if isinstance(hit, str):
+                            found.add(hit)
+                        else:
+                            found.update(hit)
         anchors, shards = self._anchors, self._shards  # after the overlays: see build
         shard_shift = _SHARD_SHIFT
         for hashed in probes:
