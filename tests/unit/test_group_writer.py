@@ -1,5 +1,6 @@
 """The event loop's group commit: writes that wait together share one transaction, and a group
-waits for company (GATHER_S) only while calls have lately arrived beside waiting writes.
+waits for company (GATHER_S) only while calls have lately arrived beside waiting writes and the
+loop lately had other work in its windows.
 
 The service is a recorder of the groups it is asked to write (what GroupWriter does with them
 is the subject here; the real service's group writes are tested against the store elsewhere).
@@ -8,14 +9,22 @@ is the subject here; the real service's group writes are tested against the stor
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any, cast
 
 import pytest
 
 from identity_server import loop_work
-from identity_server.loop_work import COMPANY_AT, GATHER_S, GroupWriter
+from identity_server.loop_work import (
+    BUSY_AT,
+    BUSY_WEIGHT,
+    COMPANY_AT,
+    GATHER_S,
+    PROBE_EVERY,
+    GroupWriter,
+)
 from identity_server.service import DeferredResolve, IdentityService
 
 
@@ -41,16 +50,19 @@ def _deferred(i: int) -> DeferredResolve:
 
 
 def _recording_windows(monkeypatch: pytest.MonkeyPatch, writer: GroupWriter,
-                       during_window: Any = None) -> list[float]:
+                       during_window: Any = None,
+                       busy: Callable[[], float] = lambda: 1.0) -> list[float]:
     """The windows the writer opens, recorded (as GATHER_S each) and shut at once;
-    during_window() runs in each (the calls that arrive while a group waits)."""
+    during_window() runs in each (the calls that arrive while a group waits), and each reports
+    busy() as the share of it the loop worked."""
     windows: list[float] = []
 
-    async def window() -> None:
+    async def window() -> float:
         windows.append(GATHER_S)
         if during_window is not None:
             during_window()
         await asyncio.sleep(0)  # the calls that arrived run, and queue their writes
+        return busy()
 
     monkeypatch.setattr(writer, "_wait_for_company", window)
     return windows
@@ -151,6 +163,51 @@ def test_the_window_closes_once_calls_stop_overlapping(monkeypatch: pytest.Monke
     assert 0 < lone_waits <= bound
     assert not writer.gathers
     assert sum(len(g) for g in service.groups) == 130
+
+
+def test_groups_stop_waiting_while_the_loop_idles_in_its_windows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls overlap, but too few to keep the loop working while a group waits (two callers, one
+    parked in the window): once the loop's average working share of its windows falls below
+    BUSY_AT, a group waits only as a probe, every PROBE_EVERY groups; once the windows fill
+    with work again (more callers), every group waits again."""
+    writer, service, pool = _writer()
+    share = [0.1]
+    slept = _recording_windows(monkeypatch, writer, busy=lambda: share[0])
+
+    async def overlapping(count: int, start: int) -> list[int]:
+        """`count` groups, each with a call arriving beside it: those that waited."""
+        waited = []
+        for i in range(count):
+            before = len(slept)
+            pending = asyncio.create_task(writer.resolve(_deferred(start + i)))
+            await asyncio.sleep(0)  # the write queues
+            writer.note_call()  # and another call arrives while it waits
+            await pending
+            if len(slept) > before:
+                waited.append(i)
+        return waited
+
+    async def idle_then_busy() -> tuple[list[int], list[int]]:
+        idle = await overlapping(200, 0)
+        share[0] = 0.9
+        return idle, await overlapping(150, 1000)
+
+    try:
+        idle, busy_again = asyncio.run(idle_then_busy())
+    finally:
+        pool.shutdown()
+    first_windows = 0  # from 1.0, each idle window lowers the average until it is below BUSY_AT
+    average = 1.0
+    while average >= BUSY_AT:
+        average += BUSY_WEIGHT * (0.1 - average)
+        first_windows += 1
+    assert idle[:first_windows] == list(range(1, first_windows + 1))  # the first lacks company
+    probes = idle[first_windows:]
+    assert len(probes) >= 200 // PROBE_EVERY - 2
+    assert {b - a for a, b in itertools.pairwise(probes)} == {PROBE_EVERY}
+    assert busy_again[-50:] == list(range(100, 150))  # waiting in every group again
+    assert sum(len(g) for g in service.groups) == 350
 
 
 def test_writes_waiting_in_a_cancelled_window_are_cancelled(
