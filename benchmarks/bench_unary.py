@@ -87,20 +87,20 @@ def _alternating(server: Client, echo: Client, requests_of_round: Callable[[int]
 
 
 def side_by_side(server: Client, echo: Client, pool: Sequence[Stored], *, calls: int,
-                 rounds: int, time_cap_s: float,
-                 callers: int = CALLERS) -> tuple[Summary, Summary, float]:
+                 rounds: int, time_cap_s: float, callers: int = CALLERS,
+                 first_seed: int = 1000) -> tuple[Summary, Summary, float]:
     """The goal's mix, fresh mentions each round (the same for both)."""
     return _alternating(
-        server, echo, lambda r: unary_requests(mention_mix(pool, calls, MIX, seed=1000 + r)),
+        server, echo,
+        lambda r: unary_requests(mention_mix(pool, calls, MIX, seed=first_seed + r)),
         rounds=rounds, time_cap_s=time_cap_s, callers=callers)
 
 
 def few_callers(server: Client, echo: Client, pool: Sequence[Stored], *, calls: int,
                 rounds: int, time_cap_s: float) -> Row:
-    """The goal's mix from FEW_CALLERS callers (fresh mentions, seeds of their own)."""
-    got, base, ratio = _alternating(
-        server, echo, lambda r: unary_requests(mention_mix(pool, calls, MIX, seed=7000 + r)),
-        rounds=rounds, time_cap_s=time_cap_s, callers=FEW_CALLERS)
+    """The goal's mix from FEW_CALLERS callers (mentions of their own, so as fresh)."""
+    got, base, ratio = side_by_side(server, echo, pool, calls=calls, rounds=rounds,
+                                    time_cap_s=time_cap_s, callers=FEW_CALLERS, first_seed=7000)
     return Row(
         "2 unary few callers",
         f"Resolve, {FEW_CALLERS} callers, the goal's mix (fresh mentions), rounds alternating "
