@@ -9,9 +9,9 @@ surface form and a new name makes an entity, so about 35% of these calls write. 
 report rows: the same kinds with 95% of calls reads (forms recorded before the round) and 5%
 fresh mentions that write, the split of a read-mostly benchmark such as YCSB's workload B; the
 goal's mix from 2 callers (where waiting for company to share a commit would only idle the
-server); and the echo again with 20 and 100 µs of pure Python per call before its canned reply, which shows
-how much of the gap any handler work of that size opens (the bound of goal 2 for a Python
-handler).
+server); and the echo again with 20 and 100 µs of pure Python per call before its canned
+reply, which shows how much of the gap any handler work of that size opens (the bound of goal
+2 for a Python handler).
 """
 
 from __future__ import annotations
