@@ -141,8 +141,9 @@ def handler_cost(echo: Client, pool: Sequence[Stored], *, calls: int, rounds: in
                  busy_us: Sequence[float], time_cap_s: float) -> Row:
     """Echo servers whose handler first spends `busy_us` of pure Python per call, against the
     plain echo: what a handler's own work of that size costs the gRPC stack (goal 2's bound).
-    Rounds alternate plain and busy; a ratio is the median of the rounds' busy / plain, so
-    drift between rounds cancels (single rounds are short and this machine is noisy)."""
+    `rounds` pairs of rounds, plain then busy; a ratio is the median of the pairs' busy /
+    plain, so drift between rounds cancels. (Twice as many pairs cost the suite a minute and
+    a quarter on a slow host, which took it to the edge of its 15 minutes, for a report row.)"""
     ratios: dict[float, float] = {}
     data: dict[str, object] = {}
     for us in busy_us:
@@ -150,7 +151,7 @@ def handler_cost(echo: Client, pool: Sequence[Stored], *, calls: int, rounds: in
         with echo_server(us) as srv, Client(srv.address, srv.pid) as busy:
             drive(busy.resolve, unary_requests(mention_mix(pool, 300, MIX, seed=97)),
                   concurrency=CALLERS)
-            for _ in range(2 * rounds):
+            for _ in range(rounds):
                 plain = measure(echo, pool, calls=calls, rounds=1, time_cap_s=time_cap_s)
                 got = measure(busy, pool, calls=calls, rounds=1, time_cap_s=time_cap_s)
                 pairs.append((float(plain["calls_per_s"]), float(got["calls_per_s"])))  # type: ignore[arg-type]
