@@ -279,7 +279,7 @@ def rows(points: list[dict[str, Any]], *, at: int, point_10m: dict[str, Any] | N
     sizes = sorted(ok)
     smallest = ok[sizes[0]]
     largest = point_10m if point_10m and point_10m.get("fit") else ok[sizes[-1]]
-    costs = ", ".join(f"{p['n']:,}: {fmt_us(p['typo_us'])}" for p in
+    costs = ", ".join(f"{p['n']:,}: {fmt_us(p['typo_us'])}" + _recorded(p) for p in
                       [ok[s] for s in sizes] + ([point_10m] if point_10m and
                                                  point_10m.get("fit") else []))
     side = largest.get("side_by_side")
@@ -288,7 +288,7 @@ def rows(points: list[dict[str, Any]], *, at: int, point_10m: dict[str, Any] | N
         measures = (f"median µs per typo decide() by entity count; ratio: {largest['n']:,} vs "
                     f"{side['reference_n']:,} entities timed side by side in one process")
         baseline = (f"{side['reference_n']:,}: {fmt_us(side['reference_typo_us'])} beside "
-                    f"{largest['n']:,}: {fmt_us(side['typo_us'])}")
+                    f"{largest['n']:,}: {fmt_us(side['typo_us'])}{_recorded(largest)}")
         smallest_n = side["reference_n"]
     else:
         flat = largest["typo_us"] / smallest["typo_us"]
@@ -335,6 +335,11 @@ def rows(points: list[dict[str, Any]], *, at: int, point_10m: dict[str, Any] | N
         "10M fits in 8 GB", whole <= 8 * GB,
         {"bytes_per_entity": per_entity}))
     return out
+
+
+def _recorded(point: dict[str, Any]) -> str:
+    """Where a point comes from an earlier run (the recorded 10M point), that run's date."""
+    return f" (run of {point['recorded']})" if point.get("recorded") else ""
 
 
 def main() -> None:
