@@ -226,9 +226,9 @@ def run(papers: Path, store: Path, work: Path, *, n_papers: int, timeout_s: floa
     interleaved, every other pair baseline first (ABBA: a drift of the host's speed during the
     pairs biases them in opposite ways); a mode's ratio is the median of its pairs' ratios.
 
-    `deadline` (a `time.perf_counter()` value): a repeat after the first runs only if one more,
-    as long as the first took, ends before it; on a slow host the suite keeps its time limit
-    with fewer pairs, and the rows say how many ran."""
+    `deadline` (a `time.perf_counter()` value): a repeat after the first runs only if it would
+    end before the deadline, taking as long as the longest repeat so far; on a slow host the
+    suite keeps its time limit with fewer pairs, and the rows say how many ran."""
     papers, store, work = papers.resolve(), store.resolve(), work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"ceiling": duckdb_ceiling(papers, work)}
