@@ -31,7 +31,7 @@ from identity_server.authority import (
     unpacked,
 )
 from identity_server.errors import IdentityError, InvalidArgument, StartupError
-from identity_server.settings import Settings, describe_settings_error
+from identity_server.settings import Settings, describe_settings_error, unknown_environment
 
 if TYPE_CHECKING:
     from identity_server.service import ImportReport
@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
+    for warning in unknown_environment():
+        logger.warning("%s", warning)
     try:
         code: int = args.run(args)
         return code

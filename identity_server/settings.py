@@ -6,6 +6,8 @@ or by the matching command-line flag, which wins.
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 
 from pydantic import Field, ValidationError, field_validator
@@ -99,3 +101,20 @@ def describe_settings_error(error: ValueError, env_prefix: str = "IDENTITY_") ->
         return "; ".join(clauses)
     cause = error.__cause__
     return f"{error}: {cause}" if cause else str(error)
+
+
+def unknown_environment(settings: type[BaseSettings] = Settings) -> list[str]:
+    """A warning for each variable of the environment with the settings' prefix that names
+    none of them (pydantic ignores those: a misspelt one would silently leave its default in
+    force), with the nearest setting's variable when one is close. Ingest's CLI checks its own
+    `INGEST_` settings with it too."""
+    prefix = str(settings.model_config.get("env_prefix", "")).upper()
+    known = [field.upper() for field in settings.model_fields]
+    found = []
+    for name in sorted(os.environ):
+        suffix = name.upper()[len(prefix):]  # names are read case-insensitively
+        if prefix and name.upper().startswith(prefix) and suffix not in known:
+            near = difflib.get_close_matches(suffix, known, n=1, cutoff=0.5)
+            hint = f" (did you mean {prefix}{near[0]}?)" if near else ""
+            found.append(f"{name} is not a setting and is ignored{hint}")
+    return found

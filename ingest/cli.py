@@ -1,8 +1,9 @@
 """The ``ingest`` command line: ``run``, ``sync`` and ``stats``.
 
 The only place that reads settings, configures logging and prints. Without ``--server`` it starts
-an embedded identity server in-process (SQLite in the working directory) - the only place ingest
-imports ``identity_server``, lazily, so the client stays usable without it.
+an embedded identity server in-process (SQLite in the working directory). The only place ingest
+imports ``identity_server``, lazily: the embedded server, and the settings checks the two
+commands share (``identity_server.settings``, which imports nothing of the server's).
 
 Exit codes: 0 the job ran (even if some items were rejected: see the summary); 1 the job could not
 run (server unreachable for the whole retry budget, database locked, input missing); 2 bad usage.
@@ -50,8 +51,10 @@ def identity_server_address(settings: Settings) -> Iterator[str]:
         return
     from identity_server.server import start_server  # lazy: the only import of the server
     from identity_server.settings import Settings as ServerSettings
-    from identity_server.settings import describe_settings_error
+    from identity_server.settings import describe_settings_error, unknown_environment
 
+    for warning in unknown_environment(ServerSettings):
+        logger.warning("embedded server: %s", warning)
     server_settings: dict[str, Any] = {"db_url": settings.embedded_db_url, "port": 0}
     if settings.admin_token:
         server_settings["admin_token"] = settings.admin_token
@@ -360,6 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from identity_server.settings import unknown_environment
+
+    for warning in unknown_environment(Settings):
+        logger.warning("%s", warning)
     overrides = {key: value for key, value in vars(args).items()
                  if key in Settings.model_fields and value is not None}
     try:

@@ -737,6 +737,20 @@ def test_tls_clients_of_the_command_line(tmp_path: Path, db_url: str,
         running.stop(grace=0)
 
 
+def test_cli_names_a_misspelt_setting_variable_and_the_setting_it_nearly_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from identity_server.cli import main as cli_main
+
+    monkeypatch.setenv("IDENTITY_DBURL", "sqlite:///elsewhere.sqlite")
+    monkeypatch.setenv("IDENTITY_PROMOTE_AFTER_PAPERS", "3")  # a real one: not reported
+    with caplog.at_level("WARNING", logger="identity_server"):
+        assert cli_main(["serve", "--port", "70000",
+                         "--db", f"sqlite:///{tmp_path / 'never.sqlite'}"]) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "IDENTITY_DBURL is not a setting and is ignored (did you mean IDENTITY_DB_URL?)"]
+
+
 def test_cli_serve_says_what_is_wrong_with_its_settings_and_exits_non_zero(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

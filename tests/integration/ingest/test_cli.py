@@ -350,6 +350,35 @@ def test_bad_settings_exit_2_naming_the_setting(
         assert con.execute("SELECT count(*) FROM mentions").fetchone() == (0,)
 
 
+def test_a_misspelt_setting_variable_is_named_with_the_setting_it_nearly_is(
+        tmp_path: Path, stub: StubServer, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    """pydantic ignores unknown prefixed variables: without a warning a typo would silently
+    leave the default in force. The job itself still runs."""
+    monkeypatch.setenv("INGEST_RETRY_FOR_S", "5")
+    monkeypatch.setenv("ingest_concurency", "3")  # names are read case-insensitively
+    monkeypatch.setenv("INGEST_DEADLINE_SECONDS", "5")  # a real one: not reported
+    monkeypatch.setenv("INGEST_XYZZY", "1")
+    with caplog.at_level("WARNING", logger="ingest.cli"):
+        assert main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(tmp_path / "g.duckdb"),
+                     "--server", stub.address, "--no-progress"]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "ingest.cli"]
+    assert said == [
+        ("INGEST_RETRY_FOR_S is not a setting and is ignored "
+         "(did you mean INGEST_RETRY_BUDGET_SECONDS?)"),
+        "INGEST_XYZZY is not a setting and is ignored",
+        "ingest_concurency is not a setting and is ignored (did you mean INGEST_CONCURRENCY?)",
+    ]
+    assert "papers ingested:   200" in capsys.readouterr().out
+    caplog.clear()
+    monkeypatch.setenv("IDENTITY_PROMOTE_AFTER_PAPER", "2")  # read by the embedded server
+    with caplog.at_level("WARNING", logger="ingest.cli"):
+        assert main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(tmp_path / "e.duckdb"),
+                     "--identity-db", f"sqlite:///{tmp_path / 'i.sqlite'}", "--no-progress"]) == 0
+    assert ("embedded server: IDENTITY_PROMOTE_AFTER_PAPER is not a setting and is ignored "
+            "(did you mean IDENTITY_PROMOTE_AFTER_PAPERS?)") in caplog.text
+
+
 def test_a_url_for_the_server_is_refused_at_once(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
