@@ -742,6 +742,9 @@ def test_cli_names_a_misspelt_setting_variable_and_the_setting_it_nearly_is(
         caplog: pytest.LogCaptureFixture) -> None:
     from identity_server.cli import main as cli_main
 
+    for name in list(os.environ):  # only this test's variables
+        if name.upper().startswith("IDENTITY_"):
+            monkeypatch.delenv(name)
     monkeypatch.setenv("IDENTITY_DBURL", "sqlite:///elsewhere.sqlite")
     monkeypatch.setenv("IDENTITY_PROMOTE_AFTER_PAPERS", "3")  # a real one: not reported
     with caplog.at_level("WARNING", logger="identity_server"):

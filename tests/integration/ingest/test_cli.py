@@ -355,6 +355,9 @@ def test_a_misspelt_setting_variable_is_named_with_the_setting_it_nearly_is(
         caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
     """pydantic ignores unknown prefixed variables: without a warning a typo would silently
     leave the default in force. The job itself still runs."""
+    for name in list(os.environ):  # only this test's variables
+        if name.upper().startswith(("INGEST_", "IDENTITY_")):
+            monkeypatch.delenv(name)
     monkeypatch.setenv("INGEST_RETRY_FOR_S", "5")
     monkeypatch.setenv("ingest_concurency", "3")  # names are read case-insensitively
     monkeypatch.setenv("INGEST_DEADLINE_SECONDS", "5")  # a real one: not reported
