@@ -16,7 +16,11 @@ from collections.abc import Collection, Iterable, Iterator
 
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.multimap import MultiMap, add, remove, values
-from identity_server.typo_table import DeletionVariantTable, OverlayPack, deletion_variants
+from identity_server.typo_table import (
+    DeletionVariantTable,
+    OverlayPack,
+    variant_hashes,
+)
 
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
 # How many changes the index remembers the name keys of (`changed_since`): enough for a group of
@@ -47,9 +51,11 @@ class NameIndex:
         # Keys of live placeholders' names -> how many: a changed entity sharing none of them
         # cannot be a new candidate of any placeholder's pair at rules 1-3 (one lookup to tell).
         self._placeholder_keys: dict[str, int] = {}
-        # Deletion variants of live placeholders' pair keys (4+ characters) -> placeholder ids:
-        # an entity whose anchors share none cannot be a new candidate of a pair at rule 4.
-        self._placeholder_variants: MultiMap = {}
+        # The typo table's hashes of the deletion variants of live placeholders' pair keys (4+
+        # characters) -> placeholder ids: an entity whose anchors share none cannot be a new
+        # candidate of a pair at rule 4 (a hash shared by two strings only adds a placeholder to
+        # check). Hashes, not strings: a new entity's key was hashed by the lookup that missed.
+        self._placeholder_variants: dict[int, str | set[str]] = {}
         # The name keys before and after of the latest puts and discards, one entry a
         # generation (keys, not names: a much-mentioned entity has thousands of names and few keys).
         self._journal: deque[tuple[Collection[str], Collection[str]]] = deque(
@@ -110,7 +116,7 @@ class NameIndex:
         near = self._placeholder_variants
         if by_typo and near:
             for k in anchor_keys(entity.names):
-                for variant in deletion_variants(k):
+                for variant in variant_hashes(k):
                     if variant in near:
                         self._collect_placeholders(values(near, variant), entity.entity_id, found)
         return list(found.values())
@@ -241,7 +247,7 @@ class NameIndex:
         if pair is None or len(pair.key) < MIN_TYPO_KEY:
             return
         file = add if step > 0 else remove
-        for variant in deletion_variants(pair.key):
+        for variant in set(variant_hashes(pair.key)):  # equal variants have equal hashes
             file(self._placeholder_variants, variant, entity.entity_id)
 
     def _reindex(self, eid: str, before: tuple[Name, ...], after: tuple[Name, ...], *,
@@ -311,4 +317,4 @@ def _is_anchor(n: Name) -> bool:
     return n.kind is not NameKind.SURFACE and len(n.key) >= MIN_TYPO_KEY
 
 
-__all__ = ["MIN_TYPO_KEY", "NameIndex", "anchor_keys", "deletion_variants"]
+__all__ = ["MIN_TYPO_KEY", "NameIndex", "anchor_keys"]

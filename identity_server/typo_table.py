@@ -90,9 +90,20 @@ def variant_hash(s: str) -> int:
     return h
 
 
+# The last key `variant_hashes` worked out, and its hashes (one tuple: any thread may replace
+# it). A key that misses a lookup is usually filed next, as a new entity's name, and then
+# checked against the placeholders' pairs: three calls for one key, one computation.
+_last_hashed: tuple[str | None, list[int]] = (None, [])
+
+
 def variant_hashes(k: str) -> list[int]:
     """`variant_hash` of k and of each string one deletion away from k (k first), from one pass
-    over k: without k[i], the hash is prefix(i) * BASE**(n-1-i) + suffix(i+1)."""
+    over k: without k[i], the hash is prefix(i) * BASE**(n-1-i) + suffix(i+1). The list is
+    shared with the next caller asking for the same key: do not change it."""
+    global _last_hashed
+    last_key, last_hashes = _last_hashed
+    if last_key == k:
+        return last_hashes
     n = len(k)
     powers = _powers_to(n)
     base, mask = _BASE, _U64
@@ -107,6 +118,7 @@ def variant_hashes(k: str) -> list[int]:
         power = powers[n - 1 - i]
         out.append((prefix[i] * power + suffix) & mask)
         suffix = (suffix + ord(k[i]) * power) & mask
+    _last_hashed = (k, out)
     return out
 
 
@@ -264,7 +276,7 @@ class DeletionVariantTable:
 
     def holds(self, k: str) -> bool:
         """Whether anchor key k is filed (each key is filed under itself, so one probe tells)."""
-        hashed = variant_hash(k)
+        hashed = variant_hashes(k)[0]  # usually the key a lookup has just hashed whole
         for overlay in (self._overlay, self._packing):
             if k in multimap.values(overlay, hashed):
                 return True

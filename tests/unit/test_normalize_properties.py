@@ -470,6 +470,11 @@ def test_the_three_ways_of_hashing_variants_agree(keys: list[str]) -> None:
         assert sorted(variant_hashes(k)) == sorted(spelled), k
         at += len(k) + 1
     assert at == len(chunk)
+    for k in [*keys, *reversed(keys)]:  # again, in another order: the last key's are kept
+        spelled = [variant_hash(k)] + [variant_hash(k[:i] + k[i + 1 :])
+                                       for i in reversed(range(len(k)))]
+        assert variant_hashes(k) == spelled, k
+        assert variant_hashes(k) == spelled, k  # asked twice running: the kept list, unchanged
 
 
 def test_an_abandoned_pack_puts_its_anchors_back_in_the_overlay() -> None:
