@@ -16,11 +16,7 @@ from collections.abc import Collection, Iterable, Iterator
 
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.multimap import MultiMap, add, remove, values
-from identity_server.typo_table import (
-    DeletionVariantTable,
-    OverlayPack,
-    variant_hashes,
-)
+from identity_server.typo_table import DeletionVariantTable, OverlayPack, variant_hashes
 
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
 # How many changes the index remembers the name keys of (`changed_since`): enough for a group of

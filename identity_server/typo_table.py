@@ -122,6 +122,13 @@ def variant_hashes(k: str) -> list[int]:
     return out
 
 
+def _own_hash(k: str) -> int:
+    """`variant_hash(k)`, taken from the last `variant_hashes` when that was k's (a new name's
+    key, looked up just before it is filed)."""
+    last_key, last_hashes = _last_hashed
+    return last_hashes[0] if last_key == k else variant_hash(k)
+
+
 class _Shard(NamedTuple):
     """One shard's sorted words and bucket directory; replaced whole, never changed."""
 
@@ -276,7 +283,7 @@ class DeletionVariantTable:
 
     def holds(self, k: str) -> bool:
         """Whether anchor key k is filed (each key is filed under itself, so one probe tells)."""
-        hashed = variant_hashes(k)[0]  # usually the key a lookup has just hashed whole
+        hashed = _own_hash(k)
         for overlay in (self._overlay, self._packing):
             if k in multimap.values(overlay, hashed):
                 return True
