@@ -122,20 +122,26 @@ class Summary:
         self.relationships += outcome.relationships
 
     def lines(self) -> list[str]:
+        matched = _counted(self.matched_entities, "mention")
         return [
-            f"papers ingested:   {self.ingested} ({self.changed} changed revisions)",
+            f"papers ingested:   {self.ingested} ({_counted(self.changed, 'changed revision')})",
             f"papers unchanged:  {self.unchanged}",
-            f"rejected:          {self.rejected_items} items, {self.rejected_lines} lines"
-            + (f"; {self.lines_rejected_before} lines rejected as in an earlier run"
+            f"rejected:          {_counted(self.rejected_items, 'item')}, "
+            f"{_counted(self.rejected_lines, 'line')}"
+            + (f"; {_counted(self.lines_rejected_before, 'line')} rejected as in an earlier run"
                if self.lines_rejected_before else "")
             + (" (see table rejects)" if self.rejected_items or self.rejected_lines
                or self.lines_rejected_before else ""),
-            (f"entities:          {self.new_entities} new; {self.matched_entities} mentions "
-             "matched existing ones"),
+            f"entities:          {self.new_entities} new; {matched} matched existing ones",
             f"relationships:     {self.relationships}",
             (f"rate:              {self.papers_per_second:.1f} papers/s "
             f"({self.elapsed_seconds:.2f} s)"),
         ]
+
+
+def _counted(n: int, noun: str) -> str:
+    """'1 line', '2 lines', '0 lines'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 @dataclass(frozen=True, slots=True)

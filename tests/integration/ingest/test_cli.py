@@ -490,7 +490,7 @@ def test_a_file_name_that_is_not_utf8_is_stored_escaped_and_reruns_match(
     for _ in range(2):  # the rerun finds its reject and its paper again
         assert main(["run", str(folder), "--db", str(db), "--server", stub.address,
                      "--no-progress"]) == 0
-    assert "1 lines rejected as in an earlier run" in capsys.readouterr().out
+    assert "1 line rejected as in an earlier run" in capsys.readouterr().out
     import duckdb
 
     with duckdb.connect(str(db), read_only=True) as con:
