@@ -62,10 +62,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except grpc.RpcError as e:
-        print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+        print(f"error: {e.code().name}: {e.details()}{_hint(e.code(), args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _hint(code: grpc.StatusCode, args: argparse.Namespace) -> str:
+    """What to check when a running server could not be reached or did not answer in time."""
+    server = getattr(args, "server", None)
+    if code is grpc.StatusCode.UNAVAILABLE and server:
+        return (f"\nhint: no identity server answered at {server}: start one with "
+                "`identity-server serve`, or check --server (and --tls-ca, for a server with TLS)")
+    timeout = getattr(args, "timeout", None)
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED and server and timeout:
+        return f"\nhint: {server} did not answer within --timeout {timeout:g} s"
+    return ""
 
 
 def _parser() -> argparse.ArgumentParser:

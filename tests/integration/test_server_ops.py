@@ -634,6 +634,23 @@ def test_cli_resolve_prints_the_id(db_url: str) -> None:
         check=False, capture_output=True, text=True, env=_env(), timeout=30,
     )
     assert done.returncode != 0 and "UNAVAILABLE" in done.stderr
+    assert f"hint: no identity server answered at {address}" in done.stderr
+
+
+def test_cli_says_which_address_did_not_answer_in_time() -> None:
+    """A listener that accepts and never speaks gRPC: the call runs out its deadline, and the
+    command names the address and the timeout to check."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        done = subprocess.run(
+            [str(CLI), "resolve", "Ada Lovelace", "--server", address, "--timeout", "1"],
+            check=False, capture_output=True, text=True, env=_env(), timeout=30,
+        )
+    assert done.returncode == 1
+    assert "DEADLINE_EXCEEDED" in done.stderr
+    assert f"hint: {address} did not answer within --timeout 1 s" in done.stderr
 
 
 # -- TLS ------------------------------------------------------------------------------------------
