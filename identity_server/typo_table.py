@@ -62,11 +62,6 @@ _powers: list[int] = [1]  # _BASE**i modulo 2**64; replaced whole when it grows 
 _powers_lock = threading.Lock()
 
 
-def deletion_variants(k: str) -> set[str]:
-    """The key itself and every string one deletion away from it."""
-    return {k} | {k[:i] + k[i + 1 :] for i in range(len(k))}
-
-
 def _powers_to(n: int) -> list[int]:
     """_BASE**0 .. _BASE**n (at least)."""
     global _powers
@@ -455,5 +450,4 @@ def _shards_of(arrays: Sequence[Words], bits: int) -> list[_Shard]:
     return [_shard(array, i, bits) for i, array in enumerate(arrays)]
 
 
-__all__ = ["DeletionVariantTable", "OverlayPack", "deletion_variants", "variant_hash",
-           "variant_hashes"]
+__all__ = ["DeletionVariantTable", "OverlayPack", "variant_hash", "variant_hashes"]
