@@ -32,7 +32,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import RootTransaction
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from identity_server import json_text
@@ -252,23 +251,29 @@ class SqlStore:
                     raise WouldBlock("this process's other writer holds the write connection")
                 try:
                     conn = self._writer_connection()
-                    began = self._begin_waiting(conn) if wait else self._begin_at_once(conn)
-                    driver = conn.connection.driver_connection  # sqlite3's, as began used
+                    driver = conn.connection.driver_connection
                     assert driver is not None
+                    if wait:
+                        self._begin_waiting(conn, driver)
+                    else:
+                        self._begin_at_once(conn, driver)
                     header = self._wal_header
                     try:
-                        with began:
-                            before = header.read() if header is not None else None
-                            changes = driver.total_changes
-                            tx = Tx(conn, True)
-                            yield tx
-                            wrote = driver.total_changes != changes
+                        before = header.read() if header is not None else None
+                        changes = driver.total_changes
+                        tx = Tx(conn, True, driver)
+                        yield tx
+                        wrote = driver.total_changes != changes
+                        if conn.in_transaction():  # a Core statement joined the transaction
+                            conn.commit()  # SQLAlchemy's commit: the driver's COMMIT
+                        else:
+                            driver.commit()
                         if before is not None and header is not None:
                             tx.commit_marker = own_commit_marker(before, header.read(), wrote)
                         if self._checkpointer is not None and self._checkpointer.tail_due:
                             self._checkpointer.copy_tail(driver)
                     except BaseException:
-                        self._drop_writer()  # whatever state it is in, the next write starts afresh
+                        self._drop_writer()  # rolls back what is open; the next write starts afresh
                         raise
                 finally:
                     self._writer_lock.release()
@@ -319,13 +324,13 @@ class SqlStore:
         finally:
             self._waiting_for_lock.discard(driver)
 
-    def _begin_at_once(self, conn: Connection) -> RootTransaction:
+    def _begin_at_once(self, conn: Connection, driver: sqlite3.Connection) -> None:
         """BEGIN IMMEDIATE with no busy wait: WouldBlock when another connection writes (once
         begun, a WAL write transaction waits on nothing: readers never block it)."""
         self._set_writer_busy_ms(conn, 0)
         try:
-            return conn.begin()
-        except (sqlite3.OperationalError, OperationalError) as e:
+            driver.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
             if _locked(e):
                 raise WouldBlock("another connection holds the store's write lock") from e
             raise
@@ -333,7 +338,7 @@ class SqlStore:
             if self._writer_inside_ms is not None:
                 self._set_writer_busy_ms(conn, self._writer_inside_ms)
 
-    def _begin_waiting(self, conn: Connection) -> RootTransaction:
+    def _begin_waiting(self, conn: Connection, driver: sqlite3.Connection) -> None:
         """BEGIN IMMEDIATE, waiting up to the busy timeout for another connection's write lock,
         a slice at a time: once the store is closing, the wait ends within a slice (then
         StoreUnavailable), instead of running out the whole timeout on a thread nobody waits
@@ -344,8 +349,9 @@ class SqlStore:
         try:
             while True:
                 try:
-                    return conn.begin()
-                except (sqlite3.OperationalError, OperationalError) as e:
+                    driver.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as e:
                     if not _locked(e) or time.monotonic() >= deadline:
                         raise
                     if self._closing:
@@ -510,9 +516,12 @@ def _configure_sqlite(engine: Engine, *, checkpoint_in_background: bool) -> None
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         # On the driver's connection: SQLAlchemy's statement layers would cost more than BEGIN.
+        # The kept writer's transactions are begun on the driver (SqlStore._transaction): a
+        # Core statement run inside one joins it.
         driver = conn.connection.driver_connection
         assert driver is not None
-        driver.execute("BEGIN IMMEDIATE" if conn.info.get("write") else "BEGIN")
+        if not driver.in_transaction:
+            driver.execute("BEGIN IMMEDIATE" if conn.info.get("write") else "BEGIN")
 
 
 class _Checkpointer:
@@ -674,8 +683,9 @@ class Tx:
     After a SQLite write transaction commits, `commit_marker` is the store's commit marker as
     that commit left it, when it is known that no other commit came after it (else None)."""
 
-    def __init__(self, conn: Connection, is_sqlite: bool) -> None:
+    def __init__(self, conn: Connection, is_sqlite: bool, driver: Any = None) -> None:
         self.conn = conn
+        self._raw = driver  # the driver's connection, when the caller has it at hand
         self.commit_marker: bytes | None = None
         self._is_sqlite = is_sqlite
         if is_sqlite not in _STATEMENTS:
@@ -684,7 +694,7 @@ class Tx:
 
     def _driver(self) -> Any:
         """The driver's own connection under this transaction (sqlite3 or psycopg)."""
-        raw = self.conn.connection.driver_connection
+        raw = self._raw or self.conn.connection.driver_connection
         assert raw is not None
         return raw
 
