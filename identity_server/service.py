@@ -53,6 +53,13 @@ logger = logging.getLogger(__name__)
 PACK_RETRY_AFTER_S = 60.0  # after a failed typo pack, the next waits this long
 T = TypeVar("T")
 
+# Enum members read on every resolve, as module names: on Python 3.11 reading one off its class
+# (`Status.MERGED`) goes through EnumType.__getattr__'s slot, a method-wrapper made and called
+# (~100 ns against ~7, and more code for a cold cache to fetch; served calls find it cold).
+_CONVERGED, _AMBIGUOUS = Outcome.CONVERGED, Outcome.AMBIGUOUS
+_MERGED, _PROVISIONAL = Status.MERGED, Status.PROVISIONAL
+_SURFACE, _EXACT = NameKind.SURFACE, Rule.EXACT
+
 IMPORT_CHUNK = 1000
 MAX_ID_LENGTH = 512  # entity ids and context (paper) ids
 MAX_TYPE_LENGTH = 128  # a mention's type as given (kept with the evidence)
@@ -311,10 +318,10 @@ class IdentityService:
         for eid, before in touched.items():
             entity = index.get(eid)  # a new placeholder can be another pair's best candidate
             near = []
-            if entity is not None and entity.status is not Status.MERGED:
+            if entity is not None and entity.status is not _MERGED:
                 near = index.placeholders_near(entity, by_typo=eid in u.reanchored)
             if (before is not None and eid in u.reanchored  # not a surface form alone
-                    and before.status is not Status.MERGED and _lost_names(before, entity)):
+                    and before.status is not _MERGED and _lost_names(before, entity)):
                 # It left pairs it was a candidate of (merged away, or a name retired): their
                 # other candidates may be best now.
                 near += index.placeholders_near(before)
@@ -641,17 +648,17 @@ class IdentityService:
                 [c.entity.entity_id for c in d.candidates],
             )
         candidates = _candidate_ids(d)
-        if d.outcome is Outcome.CONVERGED:
+        if d.outcome is _CONVERGED:
             assert d.winner is not None
             entity = d.winner.entity
             if not _has_display(d, m):
-                entity = u.add_name(entity, m.display, NameKind.SURFACE)
+                entity = u.add_name(entity, m.display, _SURFACE)
             if _takes_type(entity, m):
                 entity = u.upgrade_type(entity, m.entity_type)
             entity = self._record_evidence(u, entity, m, context_id)
             return _result(entity, d.match_kind, False, (), candidates, d.winner.matched_name, m)
 
-        if d.outcome is Outcome.AMBIGUOUS:
+        if d.outcome is _AMBIGUOUS:
             existing = u.tx.placeholder(m.display, m.entity_type)
             created = existing is None
             if existing is None:
@@ -1084,12 +1091,12 @@ def _has_display(d: Decision, m: Mention) -> bool:
     """Whether the converged decision's entity has the mention's display form among its names
     (known without a look when rule 1 decided: it matched through one of them)."""
     assert d.winner is not None
-    return d.rule is Rule.EXACT or d.winner.entity.has_display(m.display)
+    return d.rule is _EXACT or d.winner.entity.has_display(m.display)
 
 
 def _takes_type(e: Entity, m: Mention) -> bool:
     """SPEC: a provisional entity typed `other` takes a typed mention's type (not placeholders)."""
-    return (e.status is Status.PROVISIONAL and not e.placeholder and e.entity_type == OTHER
+    return (e.status is _PROVISIONAL and not e.placeholder and e.entity_type == OTHER
             and m.entity_type != OTHER)
 
 
