@@ -21,6 +21,7 @@ from typing import Any
 
 from benchmarks import (
     bench_batch,
+    bench_cold,
     bench_core,
     bench_ingest,
     bench_spellings,
@@ -49,7 +50,7 @@ def profile(quick: bool) -> dict[str, Any]:
         return {"core_sizes": [10_000, 100_000], "grpc_n": 100_000, "papers": 1_000,
                 "ingest_n": 100_000, "per_kind": 300, "repeats": 3, "scan_queries": 5,
                 "batch_items": 600, "batch_rounds": 3, "unary_calls": 800, "unary_rounds": 3,
-                "ingest_repeats": 1}
+                "cold_calls": 300, "cold_passes": 1, "ingest_repeats": 1}
     return {"core_sizes": [10_000, 100_000, 1_000_000], "grpc_n": 1_000_000, "papers": 10_000,
             "ingest_n": 100_000, "per_kind": 1000, "repeats": 5, "scan_queries": 15,
             # Unary rounds of 4,000 calls (~2 s each): rounds of 2,000 split into two modes
@@ -57,6 +58,7 @@ def profile(quick: bool) -> dict[str, Any]:
             # five rounds of one run spread by 0.15-0.2x (2026-12-01), and their median moved
             # 0.74-0.88x between runs of the same code minutes apart.
             "batch_items": 2000, "batch_rounds": 5, "unary_calls": 4000, "unary_rounds": 9,
+            "cold_calls": 1000, "cold_passes": 3,
             "ingest_repeats": 2}  # 2 pairs of 10,000-paper runs a mode: the suite's longest part
 
 
@@ -135,6 +137,9 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         rows += bench_unary.run(server_client, echo_client, pool, n_entities=p["grpc_n"],
                                 calls=p["unary_calls"], rounds=p["unary_rounds"])
         step("unary")
+    rows.append(bench_cold.run(stores[p["grpc_n"]], p["grpc_n"], work, calls=p["cold_calls"],
+                               passes=p["cold_passes"]))
+    step("handler cold")
     echo_100 = next(r.data["echo"]["items_per_s"] for r in rows
                     if r.benchmark == f"1 batch {bench_batch.GOAL_SIZE}")
     rows.append(bench_batch.store_floor(
