@@ -83,6 +83,34 @@ def run(db: Path, n: int, work: Path, *, calls: int, passes: int,
         mix["cold_us"] / mix["warm_us"], "report", None, out)
 
 
+def handler(service: Any) -> tuple[Callable[[tuple[str, str, str]], None], Callable[[], None]]:
+    """Resolve's handler (servicer.Resolve) without gRPC, over an IdentityService:
+    `resolve(mention)` answers a read at once, reply serialized, and holds a write until GROUP
+    of them are written in one transaction (the group writer's part); `flush()` writes the rest."""
+    from identity_server.service import DeferredResolve, ResolveResult
+    from identity_server.servicer import resolve_response
+
+    pending: list[DeferredResolve] = []
+
+    def resolve(m: tuple[str, str, str]) -> None:
+        answer = service.begin_resolve(m[0], m[1])
+        if isinstance(answer, ResolveResult):
+            resolve_response(answer).SerializeToString()
+            return
+        pending.append(answer)
+        if len(pending) == GROUP:
+            for r in service.resolve_deferred(pending):
+                resolve_response(r).SerializeToString()
+            pending.clear()
+
+    def flush() -> None:
+        if pending:
+            service.resolve_deferred(pending)
+            pending.clear()
+
+    return resolve, flush
+
+
 def measure(db: Path, source: Path, n: int, *, calls: int, passes: int) -> dict[str, Any]:
     """In the child: build the service, then time each kind's handler work warm and cold, in
     passes alternating the two, on fresh mentions each pass (writes change what repeats do)."""
@@ -90,8 +118,6 @@ def measure(db: Path, source: Path, n: int, *, calls: int, passes: int) -> dict[
     from benchmarks.data import mention_mix, sample_entities
     from benchmarks.echo import canned
     from identity_server.server import build_service
-    from identity_server.service import DeferredResolve, ResolveResult
-    from identity_server.servicer import resolve_response
     from identity_server.settings import Settings
 
     service = build_service(Settings(db_url=f"sqlite:///{db}"))
@@ -116,24 +142,7 @@ def measure(db: Path, source: Path, n: int, *, calls: int, passes: int) -> dict[
             spent += t2 - t1
         return (spent - idle) / len(items) * 1e6
 
-    pending: list[DeferredResolve] = []
-
-    def resolve(m: tuple[str, str, str]) -> None:
-        """Resolve's handler (servicer.Resolve) without gRPC: a write waits for GROUP."""
-        answer = service.begin_resolve(m[0], m[1])
-        if isinstance(answer, ResolveResult):
-            resolve_response(answer).SerializeToString()
-            return
-        pending.append(answer)
-        if len(pending) == GROUP:
-            for r in service.resolve_deferred(pending):
-                resolve_response(r).SerializeToString()
-            pending.clear()
-
-    def flush() -> None:
-        if pending:
-            service.resolve_deferred(pending)
-            pending.clear()
+    resolve, flush = handler(service)
 
     ours: dict[str, dict[str, float]] = {}
     seed = 0

@@ -38,11 +38,10 @@ L2_MISS_CYCLES = 60
 
 
 def run(store: Path, n: int, work: str, units: int) -> None:
+    from benchmarks.bench_cold import handler
     from benchmarks.bench_unary import MIX
     from benchmarks.data import mention_mix, sample_entities
     from identity_server.server import build_service
-    from identity_server.service import DeferredResolve, ResolveResult
-    from identity_server.servicer import resolve_response
     from identity_server.settings import Settings
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -50,18 +49,7 @@ def run(store: Path, n: int, work: str, units: int) -> None:
         shutil.copyfile(store, copy)
         service = build_service(Settings(db_url=f"sqlite:///{copy}"))
         pool = sample_entities(store, n, 20_000, seed=3)
-        pending: list[DeferredResolve] = []
-
-        def resolve(m: tuple[str, str, str]) -> None:
-            answer = service.begin_resolve(m[0], m[1])
-            if isinstance(answer, ResolveResult):
-                resolve_response(answer).SerializeToString()
-                return
-            pending.append(answer)
-            if len(pending) == 2:
-                for r in service.resolve_deferred(pending):
-                    resolve_response(r).SerializeToString()
-                pending.clear()
+        resolve, flush = handler(service)
 
         def write_row(i: int) -> None:
             with service.store.write() as tx:
@@ -83,8 +71,7 @@ def run(store: Path, n: int, work: str, units: int) -> None:
         for item in items:
             sweep.count(b"\x01")  # reads every byte: evicts what the last unit left
             sys.call_tracing(step, (item,))
-        if pending:
-            service.resolve_deferred(pending)
+        flush()
         service.close()
     print(f"units {units}", file=sys.stderr)
 
