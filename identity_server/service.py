@@ -53,9 +53,8 @@ logger = logging.getLogger(__name__)
 PACK_RETRY_AFTER_S = 60.0  # after a failed typo pack, the next waits this long
 T = TypeVar("T")
 
-# Enum members read on every resolve, as module names: on Python 3.11 reading one off its class
-# (`Status.MERGED`) goes through EnumType.__getattr__'s slot, a method-wrapper made and called
-# (~100 ns against ~7, and more code for a cold cache to fetch; served calls find it cold).
+# Read on every resolve, as module names: on Python 3.11 `Status.MERGED` goes through
+# EnumType.__getattr__'s slot (~100 ns against ~7; see matching's note).
 _CONVERGED, _AMBIGUOUS = Outcome.CONVERGED, Outcome.AMBIGUOUS
 _MERGED, _PROVISIONAL = Status.MERGED, Status.PROVISIONAL
 _SURFACE, _EXACT = NameKind.SURFACE, Rule.EXACT
