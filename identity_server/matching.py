@@ -21,6 +21,7 @@ from identity_server.domain import (
     compatible,
 )
 from identity_server.normalize import fold, key, one_edit_apart
+from identity_server.tuples import maker
 
 STRONG_TYPO_KEY = 6  # SPEC: the shorter key has 6+ characters
 WEAK_TYPO_KEY = 4  # 4 or 5 characters: a weak candidate, linked but never converged on
@@ -87,6 +88,8 @@ _KIND_OF_RULE = {Rule.EXACT: MatchKind.EXACT, Rule.CASE: MatchKind.CASE,
                  Rule.PUNCTUATION: MatchKind.PUNCTUATION, Rule.TYPO: MatchKind.TYPO}
 _KIND_AMBIGUOUS, _KIND_NEW, _KIND_ALIAS = MatchKind.AMBIGUOUS, MatchKind.NEW, MatchKind.ALIAS
 NEW_DECISION = Decision(Outcome.NEW, None, (), ())
+# Every field, in order: see tuples.maker (each resolve makes a Decision and a Candidate or more).
+_new_candidate, _new_decision = maker(Candidate), maker(Decision)
 
 
 def rank(entity: Entity, mention_type: str) -> tuple[int, int]:
@@ -227,7 +230,7 @@ def _candidates(
             continue
         alias_only = (matched[0].kind is _ALIAS if len(matched) == 1
                       else all(n.kind is _ALIAS for n in matched))
-        out.append(Candidate(entity, matched[0].display, alias_only))
+        out.append(_new_candidate((entity, matched[0].display, alias_only)))
     if len(out) > 1:
         out.sort(key=lambda c: (rank(c.entity, mention_type), c.entity.ordinal))
     return out
@@ -243,11 +246,11 @@ def _best(found: list[Candidate], mention_type: str) -> tuple[Candidate, ...]:
 def _decided(rule: Rule, found: list[Candidate], mention_type: str) -> Decision:
     best = _best(found, mention_type)
     outcome = _CONVERGED if len(best) == 1 else _AMBIGUOUS
-    return Decision(outcome, rule, tuple(found), best)
+    return _new_decision((outcome, rule, tuple(found), best))
 
 
 def _weak(rule: Rule, found: list[Candidate], mention_type: str) -> Decision:
-    return Decision(_WEAK, rule, tuple(found), _best(found, mention_type))
+    return _new_decision((_WEAK, rule, tuple(found), _best(found, mention_type)))
 
 
 __all__ = [

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from identity_server import json_text
 from identity_server.authority import AuthorityRecord, Line, RecordError, parse_authority
@@ -46,6 +46,7 @@ from identity_server.index import NameIndex, anchor_keys
 from identity_server.matching import Decision, Outcome, decide, pair_candidates, still_stands
 from identity_server.normalize import display_form, key, warm_up
 from identity_server.store.sql import ChangeRecord, LinkRow, SqlStore, Tx, WouldBlock
+from identity_server.tuples import maker
 from identity_server.unit import CURATOR, DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
 
 logger = logging.getLogger(__name__)
@@ -145,19 +146,19 @@ class ImportReport:
     errors: tuple[RecordError, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class _Prior:
+# NamedTuples rather than frozen dataclasses (whose __init__ sets each field through
+# object.__setattr__): a writing Resolve makes one of each.
+class _Prior(NamedTuple):
     """A decision already made for a mention, and the index generation it was made at: it
     stands while no entity that could be one of its candidates has changed since (decide() is
     a function of the index; see matching.still_stands)."""
 
     decision: Decision
-    index: NameIndex
+    looked_at: NameIndex  # the index it was made on (a reload replaces the index)
     generation: int
 
 
-@dataclass(frozen=True, slots=True)
-class DeferredResolve:
+class DeferredResolve(NamedTuple):
     """What is left of a Resolve that `begin_resolve` could not answer at once: a lookup-only
     one that needs the lock, or one that may write. `prior` is the lock-free look's decision,
     when it ran (a write reuses it while the index is unchanged)."""
@@ -191,6 +192,11 @@ class ServiceConfig:
     # Typo anchors filed since start-up (new entities' names, added aliases) that start a
     # background pack of the typo table's overlay (and at least 1/64 of the packed ones).
     typo_pack_at: int = 50_000
+
+
+# The resolve path's records, from every field in order (see tuples.maker).
+_new_mention, _new_result = maker(Mention), maker(ResolveResult)
+_new_prior, _new_deferred = maker(_Prior), maker(DeferredResolve)
 
 
 class IdentityService:
@@ -406,27 +412,28 @@ class IdentityService:
         if marker is not None and last == self._seq:
             self._settled_marker = marker
 
-    def _answer(self, work: Callable[[], T]) -> T:
-        """Run work, which only reads the index, once the index holds every committed change.
+    def _answer(self, work: Callable[..., T], *args: Any) -> T:
+        """work(*args), which only reads the index, once the index holds every committed change.
 
         Optimistic first: when no thread is changing the index and the store reports no commit
         since the index last caught up, work runs without the lock, and its result stands if the
         index version did not move meanwhile (a torn read, or one that failed because the index
         changed under it, is retried). Otherwise, or then, under the lock.
         """
-        result = self._answer_at_once(work)
+        result = self._answer_at_once(work, *args)
         if result is not None:
             return result
         with self._lock:
             self._settle()
-            return work()
+            return work(*args)
 
-    def _answer_at_once(self, work: Callable[[], T]) -> T | None:
-        """`_answer`'s optimistic path alone: work's result, or None when it needs the lock."""
+    def _answer_at_once(self, work: Callable[..., T], *args: Any) -> T | None:
+        """`_answer`'s optimistic path alone: work(*args), or None when it needs the lock. (The
+        arguments passed, not a closure made: the event loop answers most Resolves here.)"""
         version = self._index_version
         if not version & 1 and self._settled():
             try:
-                result = work()
+                result = work(*args)
             except Exception:
                 if self._index_version == version:
                     raise
@@ -456,7 +463,7 @@ class IdentityService:
             display.encode("utf-8")
         except UnicodeEncodeError as e:
             raise InvalidArgument("mention contains a lone surrogate: not valid Unicode") from e
-        return Mention(display, self.config.vocabulary.for_mention(entity_type), entity_type, k)
+        return _new_mention((display, self.config.vocabulary.for_mention(entity_type), entity_type, k))
 
     def _live(self, entity_id: str) -> Entity:
         entity = self.index.live(_checked_id(entity_id)) if entity_id else None
@@ -481,21 +488,21 @@ class IdentityService:
         _checked_id(context_id, "context id")
         m = self.parse_mention(mention, entity_type)
         if lookup_only:
-            looked = self._answer_at_once(lambda: self._look(m))
+            looked = self._answer_at_once(self._look, m)
             return looked if looked is not None else DeferredResolve(m, "", lookup_only=True)
         if context_id:  # evidence is recorded: always a write
             return DeferredResolve(m, context_id)
         # Most repeat mentions change nothing: answer them without taking the write lock.
-        looked_now = self._answer_at_once(lambda: self._converged_without_writes(m))
+        looked_now = self._answer_at_once(self._converged_without_writes, m)
         if looked_now is None:
             return DeferredResolve(m, "")
         unchanged, prior = looked_now
-        return unchanged if unchanged is not None else DeferredResolve(m, "", prior=prior)
+        return unchanged if unchanged is not None else _new_deferred((m, "", prior, False))
 
     def finish_resolve(self, d: DeferredResolve) -> ResolveResult:
         """The rest of a Resolve `begin_resolve` deferred; it may wait on the lock."""
         if d.lookup_only:
-            return self._answer(lambda: self._look(d.mention))
+            return self._answer(self._look, d.mention)
         looked = self.look_again(d)
         if isinstance(looked, ResolveResult):
             return looked
@@ -508,7 +515,7 @@ class IdentityService:
         nothing needs writing, else the write with the look's decision. May wait on the lock."""
         if d.prior is not None or d.context_id or d.lookup_only:
             return d
-        unchanged, prior = self._answer(lambda: self._converged_without_writes(d.mention))
+        unchanged, prior = self._answer(self._converged_without_writes, d.mention)
         return unchanged if unchanged is not None else DeferredResolve(d.mention, "", prior=prior)
 
     def resolve_deferred(self, group: Sequence[DeferredResolve], *,
@@ -685,7 +692,7 @@ class IdentityService:
         the one it looked at, and nothing changed since, or only entities that could not be
         candidates of the mention (the writes grouped before it are mostly of other names)."""
         index = self.index
-        if prior.index is not index:
+        if prior.looked_at is not index:
             return False
         if prior.generation == index.generation:
             return True
@@ -698,7 +705,7 @@ class IdentityService:
         index = self.index
         generation = index.generation
         d = decide(index, m.display, m.entity_type, m.key)
-        prior = _Prior(d, index, generation)
+        prior = _new_prior((d, index, generation))
         winner = d.winner
         if winner is None or not _has_display(d, m):
             return None, prior
@@ -1106,8 +1113,8 @@ def _merge_rank(e: Entity) -> tuple[int, int, int]:
 
 def _result(entity: Entity, kind: MatchKind, created: bool, linked: tuple[str, ...],
             candidates: tuple[str, ...], matched: str, m: Mention) -> ResolveResult:
-    return ResolveResult(entity.entity_id, entity.status, kind, created, linked, candidates,
-                         entity.name, matched, entity.entity_type, m.display)
+    return _new_result((entity.entity_id, entity.status, kind, created, linked, candidates,
+                        entity.name, matched, entity.entity_type, m.display))
 
 
 def _nothing(kind: MatchKind, candidates: tuple[str, ...], matched: str,

@@ -372,18 +372,25 @@ def resolve_response(r: ResolveResult) -> pb.ResolveResponse:
 
 
 def _resolved_fields(r: ResolveResult) -> dict[str, Any]:
-    return {
+    """The reply's fields, leaving out those at their default (false, empty lists), which the
+    message would not carry anyway: each field given costs the message's init a name lookup,
+    and a repeated one an extend, even when empty."""
+    fields = {
         "entity_id": r.entity_id,
         "status": _STATUS[r.status] if r.status else pb.ENTITY_STATUS_UNSPECIFIED,
         "match_kind": _KIND[r.match_kind],
-        "created": r.created,
-        "possibly_same_as": r.possibly_same_as,
-        "candidates": r.candidates,
         "name": r.name,
         "matched_name": r.matched_name,
         "entity_type": r.entity_type,
         "display_form": r.display_form,
     }
+    if r.created:
+        fields["created"] = True
+    if r.possibly_same_as:
+        fields["possibly_same_as"] = r.possibly_same_as
+    if r.candidates:
+        fields["candidates"] = r.candidates
+    return fields
 
 
 def entity_message(v: EntityView) -> pb.Entity:
