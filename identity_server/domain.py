@@ -86,9 +86,9 @@ class Name:
 
 
 _KIND_ORDER = {NameKind.NAME: 0, NameKind.ALIAS: 1, NameKind.SURFACE: 2}
-# Read on every resolve, as a module name: on Python 3.11 `NameKind.SURFACE` goes through
+# Read on every resolve, as module names: on Python 3.11 `NameKind.SURFACE` goes through
 # EnumType.__getattr__'s slot (~100 ns against ~7; see matching's note).
-_SURFACE = NameKind.SURFACE
+_NAME, _SURFACE = NameKind.NAME, NameKind.SURFACE
 # From this many names on, an entity answers "which of its names is this display form?" from
 # tables built on first use: a much-mentioned entity gathers a surface form for every spelling
 # that converged on it, and a scan of thousands of names on each repeat mention of it would cost
@@ -361,7 +361,7 @@ class Entity:
     @property
     def name(self) -> str:
         for n in self.names:
-            if n.kind is NameKind.NAME:
+            if n.kind is _NAME:
                 return n.display
         return ""
 
@@ -431,10 +431,9 @@ class TypeVocabulary:
         return t
 
 
+_WHITE_SPACE_CHARS = "".join(sorted(WHITE_SPACE))
+
+
 def _trim(s: str) -> str:
-    start, end = 0, len(s)
-    while start < end and s[start] in WHITE_SPACE:
-        start += 1
-    while end > start and s[end - 1] in WHITE_SPACE:
-        end -= 1
-    return s[start:end]
+    """s without leading or trailing White_Space (str.strip() alone also strips U+001C..U+001F)."""
+    return s.strip(_WHITE_SPACE_CHARS)

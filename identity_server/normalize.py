@@ -76,6 +76,7 @@ def key_of_folded(folded: str) -> str:
         kept = folded.encode("ascii").translate(None, _ascii_deleted())
         if kept.isalpha():  # letters only: there were no digits, so no mark between two
             return kept.decode("ascii")
+        return _ASCII_DELETED.sub("", folded)  # digits ("ResNet-50"), symbols ("C++")
     if _DIGIT.search(folded) is None:  # no digits: no mark can stand between two
         return folded.translate(_deletion_table())
     return _NOT_WORD.sub(_kept_in_key, folded)
@@ -83,6 +84,16 @@ def key_of_folded(folded: str) -> str:
 
 _DIGIT = re.compile(r"\d")  # in a str pattern, exactly Unicode Nd
 _NOT_WORD = re.compile(r"[\W_]")  # a superset of White_Space and P* (and symbols, kept below)
+# What `key` deletes from an ASCII string, as one pattern (no Python callback): White_Space,
+# and punctuation but `#` unless it stands between two digits.
+_ASCII_PUNCTUATION = "".join(
+    re.escape(chr(cp)) for cp in range(128)
+    if unicodedata.category(chr(cp)).startswith("P") and chr(cp) not in _KEPT_PUNCTUATION
+)
+_ASCII_DELETED = re.compile(
+    "[{}]|(?<![0-9])[{p}]|[{p}](?![0-9])".format(
+        "".join(re.escape(c) for c in sorted(WHITE_SPACE) if c.isascii()), p=_ASCII_PUNCTUATION)
+)
 
 
 def _kept_in_key(match: re.Match[str]) -> str:

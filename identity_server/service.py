@@ -459,10 +459,11 @@ class IdentityService:
         k = key(display)
         if not k:
             raise InvalidArgument(f"mention {display!r} has no letters, digits or symbols")
-        try:
-            display.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidArgument("mention contains a lone surrogate: not valid Unicode") from e
+        if not display.isascii():  # an ASCII string is valid UTF-8
+            try:
+                display.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidArgument("mention contains a lone surrogate: not valid Unicode") from e
         return _new_mention((display, self.config.vocabulary.for_mention(entity_type), entity_type, k))
 
     def _live(self, entity_id: str) -> Entity:
@@ -706,14 +707,22 @@ class IdentityService:
         generation = index.generation
         d = decide(index, m.display, m.entity_type, m.key)
         prior = _new_prior((d, index, generation))
-        winner = d.winner
-        if winner is None or not _has_display(d, m):
+        # The helpers' tests written out (d.winner, _has_display, _takes_type, _result): the
+        # event loop answers most Resolves here, and each call is a frame for a cold cache.
+        if d.outcome is not _CONVERGED:
             return None, prior
+        winner = d.best[0]
         e = winner.entity
-        if _takes_type(e, m):
-            return None, prior
-        candidates = _candidate_ids(d)
-        return _result(e, d.match_kind, False, (), candidates, winner.matched_name, m), prior
+        if d.rule is not _EXACT and not e.has_display(m.display):
+            return None, prior  # a surface form to record
+        if (e.entity_type == OTHER and m.entity_type != OTHER and e.status is _PROVISIONAL
+                and not e.placeholder):
+            return None, prior  # a type to take
+        return _new_result((
+            e.entity_id, e.status, d.match_kind, False, (),
+            tuple([c.entity.entity_id for c in d.candidates]), e.name, winner.matched_name,
+            e.entity_type, m.display,
+        )), prior
 
     def _record_evidence(self, u: Unit, entity: Entity, m: Mention, context_id: str) -> Entity:
         """Evidence of the mention under its paper; promotes at the configured paper count."""

@@ -76,6 +76,9 @@ _FOLLOW_POLL_S = 0.2
 # behind one for more than ~10-20 ms.
 INLINE_BATCH_LIMIT = 200
 _INTERNAL = "internal error; the server log has the details"
+# Read by every call, as a module name: an enum member read off its class goes through
+# EnumType.__getattr__ on Python 3.11 (see matching's note).
+_OK = grpc.StatusCode.OK
 # Trailing metadata of a ResolveBatch refused for its size: the server's limit, so a client can
 # send the mentions in parts (named in the proto's comments; ingest reads it).
 MAX_BATCH_SIZE_KEY = "identity-max-batch-size"
@@ -92,7 +95,7 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
         @functools.wraps(method)
         async def handler(self: IdentityServicer, request: Any, context: Context) -> Any:
             start = time.perf_counter()
-            code, details = grpc.StatusCode.OK, ""
+            code, details = _OK, ""
             trailing: tuple[tuple[str, str], ...] = ()
             try:
                 if admin:
@@ -115,7 +118,7 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
                 code, details = grpc.StatusCode.INTERNAL, _INTERNAL
                 logger.exception("%s failed", name)
             finally:  # logged before the status is sent
-                level = logging.INFO if admin or code is not grpc.StatusCode.OK else logging.DEBUG
+                level = logging.INFO if admin or code is not _OK else logging.DEBUG
                 if logger.isEnabledFor(level):
                     logger.log(
                         level, "rpc method=%s count=%d duration_ms=%.2f code=%s",

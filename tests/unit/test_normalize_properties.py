@@ -136,11 +136,25 @@ def test_key_matches_the_definition(raw: str) -> None:
     assert key(raw) == oracle_key(raw)  # and on text that is not a display form
 
 
+# ASCII with digits beside marks and spaces: `key`'s one-pattern path for ASCII text that is
+# not letters only ("ResNet-50", "Windows 1.0", "COVID-19 (SARS-CoV-2)").
+ascii_with_digits = st.text(st.sampled_from(list("aB 1290.-,#_+/'()\t")), max_size=20)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(ascii_with_digits)
+def test_key_of_ascii_text_with_digits_matches_the_definition(raw: str) -> None:
+    assert key(raw) == oracle_key(raw)
+    assert key(display_form(raw)) == oracle_key(display_form(raw))
+
+
 def test_key_of_ascii_names() -> None:
     assert key("Mem-Castle") == key("mem castle") == key("MemCastle") == "memcastle"
     assert key("O'Brien, J. (ed.)") == "obrienjed"
     assert key("Windows 1.0") == "windows1.0" and key("Windows 10") == "windows10"
     assert key("C#") == "c#" and key("C++") == "c++" and key("A\x1cB") == "a\x1cb"
+    assert key("ResNet-50") == "resnet50" and key("COVID-19 (SARS-CoV-2)") == "covid19sarscov2"
+    assert key("v1.2-beta") == "v1.2beta" and key("1. 2") == "12" and key("3_4") == "3_4"
 
 
 # -- one edit: the oracle -------------------------------------------------------------------------
