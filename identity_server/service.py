@@ -147,7 +147,8 @@ class ImportReport:
 
 
 # NamedTuples rather than frozen dataclasses (whose __init__ sets each field through
-# object.__setattr__): a writing Resolve makes one of each.
+# object.__setattr__): every lock-free look makes a _Prior, and a writing Resolve a
+# DeferredResolve too.
 class _Prior(NamedTuple):
     """A decision already made for a mention, and the index generation it was made at: it
     stands while no entity that could be one of its candidates has changed since (decide() is
