@@ -708,22 +708,14 @@ class IdentityService:
         generation = index.generation
         d = decide(index, m.display, m.entity_type, m.key)
         prior = _new_prior((d, index, generation))
-        # The helpers' tests written out (d.winner, _has_display, _takes_type, _result): the
-        # event loop answers most Resolves here, and each call is a frame for a cold cache.
-        if d.outcome is not _CONVERGED:
+        if d.outcome is not _CONVERGED:  # d.winner is None
             return None, prior
         winner = d.best[0]
         e = winner.entity
-        if d.rule is not _EXACT and not e.has_display(m.display):
-            return None, prior  # a surface form to record
-        if (e.entity_type == OTHER and m.entity_type != OTHER and e.status is _PROVISIONAL
-                and not e.placeholder):
-            return None, prior  # a type to take
-        return _new_result((
-            e.entity_id, e.status, d.match_kind, False, (),
-            tuple([c.entity.entity_id for c in d.candidates]), e.name, winner.matched_name,
-            e.entity_type, m.display,
-        )), prior
+        if not _has_display(d, m) or _takes_type(e, m):
+            return None, prior  # a surface form to record, or a type to take
+        candidates = _candidate_ids(d)
+        return _result(e, d.match_kind, False, (), candidates, winner.matched_name, m), prior
 
     def _record_evidence(self, u: Unit, entity: Entity, m: Mention, context_id: str) -> Entity:
         """Evidence of the mention under its paper; promotes at the configured paper count."""
@@ -1106,8 +1098,7 @@ def _candidate_ids(d: Decision) -> tuple[str, ...]:
 def _has_display(d: Decision, m: Mention) -> bool:
     """Whether the converged decision's entity has the mention's display form among its names
     (known without a look when rule 1 decided: it matched through one of them)."""
-    assert d.winner is not None
-    return d.rule is _EXACT or d.winner.entity.has_display(m.display)
+    return d.rule is _EXACT or d.best[0].entity.has_display(m.display)
 
 
 def _takes_type(e: Entity, m: Mention) -> bool:
