@@ -708,9 +708,9 @@ class IdentityService:
         generation = index.generation
         d = decide(index, m.display, m.entity_type, m.key)
         prior = _new_prior((d, index, generation))
-        if d.outcome is not _CONVERGED:  # d.winner is None
+        winner = d.winner
+        if winner is None:
             return None, prior
-        winner = d.best[0]
         e = winner.entity
         if not _has_display(d, m) or _takes_type(e, m):
             return None, prior  # a surface form to record, or a type to take
@@ -1098,7 +1098,8 @@ def _candidate_ids(d: Decision) -> tuple[str, ...]:
 def _has_display(d: Decision, m: Mention) -> bool:
     """Whether the converged decision's entity has the mention's display form among its names
     (known without a look when rule 1 decided: it matched through one of them)."""
-    return d.rule is _EXACT or d.best[0].entity.has_display(m.display)
+    assert d.winner is not None
+    return d.rule is _EXACT or d.winner.entity.has_display(m.display)
 
 
 def _takes_type(e: Entity, m: Mention) -> bool:
