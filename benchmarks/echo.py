@@ -58,14 +58,22 @@ class EchoServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
         return out
 
 
-async def serve(port: int, stop: asyncio.Event) -> None:
-    """The echo on gRPC's asyncio server, with the server's options and handler pool size."""
+async def start(port: int) -> tuple[grpc.aio.Server, int, futures.ThreadPoolExecutor]:
+    """The echo on gRPC's asyncio server of the running loop, with the server's options and
+    handler pool size, listening on 127.0.0.1:port (0: a free port); returns the server, its
+    port and its pool (shut it down after the server stops)."""
     handlers = futures.ThreadPoolExecutor(max_workers=Settings().max_workers,
                                           thread_name_prefix="rpc")
     server = grpc.aio.server(migration_thread_pool=handlers, options=GRPC_OPTIONS)
     pb_grpc.add_IdentityServiceServicer_to_server(EchoServicer(), server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
+    return server, bound, handlers
+
+
+async def serve(port: int, stop: asyncio.Event) -> None:
+    """The echo until `stop` is set."""
+    server, bound, handlers = await start(port)
     print(f"listening on 127.0.0.1:{bound}", flush=True)
     await stop.wait()
     await server.stop(1.0)

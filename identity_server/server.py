@@ -94,6 +94,11 @@ class RunningServer:
     _loop: _EventLoopThread
     _handlers: futures.ThreadPoolExecutor
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the server's handlers run on (for tools that observe it)."""
+        return self._loop.loop
+
     def stop(self, grace: float | None = 5.0) -> None:
         """Idempotent: a second call returns at once."""
         if self._loop.loop.is_closed():
