@@ -56,7 +56,8 @@ def client(address: str, store: Path, n: int, calls: int) -> None:
         drive(c.resolve, unary_requests(mention_mix(pool, WARM_CALLS, MIX, seed=99)),
               concurrency=CALLERS)
         print("warm", flush=True)
-        sys.stdin.readline()
+        if not sys.stdin.readline():  # the profiler gave up: no go will come
+            return
         done = drive(c.resolve, unary_requests(mention_mix(pool, calls, MIX, seed=1234)),
                      concurrency=CALLERS)
         print(f"done {done.completed} {done.errors}", flush=True)
@@ -95,8 +96,8 @@ def profile(store: Path, n: int, calls: int, *, echo: bool) -> tuple[pstats.Stat
     from benchmarks.data import copy_store
 
     with tempfile.TemporaryDirectory() as scratch:
-        db = copy_store(store, Path(scratch) / "store.sqlite")
-        loop, port, stop = _serve_echo() if echo else _serve_identity(db)
+        loop, port, stop = (_serve_echo() if echo else
+                            _serve_identity(copy_store(store, Path(scratch) / "store.sqlite")))
         try:
             child = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.loop_profile", "client", "--address",
@@ -124,7 +125,11 @@ def profile(store: Path, n: int, calls: int, *, echo: bool) -> tuple[pstats.Stat
                     raise RuntimeError(f"{errors} of the profiled calls failed")
             finally:
                 child.stdin.close()
-                child.wait(CALL_TIMEOUT_S)
+                try:
+                    child.wait(CALL_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
         finally:
             stop()
     return pstats.Stats(profiler), completed
