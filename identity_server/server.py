@@ -52,9 +52,9 @@ def build_service(settings: Settings) -> IdentityService:
     return IdentityService(store, config)
 
 
-class _EventLoopThread:
+class EventLoopThread:
     """An asyncio event loop on its own thread: the gRPC server's (the caller's thread, the
-    embedded server's job or a test, stays free)."""
+    embedded server's job or a test, stays free), or a tool's (benchmarks.loop_profile)."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -91,7 +91,7 @@ class RunningServer:
     port: int
     health: health.aio.HealthServicer
     service: IdentityService
-    _loop: _EventLoopThread
+    _loop: EventLoopThread
     _handlers: futures.ThreadPoolExecutor
 
     @property
@@ -146,7 +146,7 @@ def start_server(settings: Settings, *, service: IdentityService | None = None) 
 
 def _start(settings: Settings, service: IdentityService,
            credentials: grpc.ServerCredentials | None) -> RunningServer:
-    loop = _EventLoopThread()
+    loop = EventLoopThread()
     handlers = futures.ThreadPoolExecutor(max_workers=settings.max_workers,
                                           thread_name_prefix="rpc")
     try:
@@ -158,7 +158,7 @@ def _start(settings: Settings, service: IdentityService,
 
 
 async def _serve(settings: Settings, service: IdentityService,
-                 credentials: grpc.ServerCredentials | None, loop: _EventLoopThread,
+                 credentials: grpc.ServerCredentials | None, loop: EventLoopThread,
                  handlers: futures.ThreadPoolExecutor) -> RunningServer:
     """Build and start the server on the loop's thread (aio objects belong to their loop)."""
     server = grpc.aio.server(migration_thread_pool=handlers, options=GRPC_OPTIONS)
