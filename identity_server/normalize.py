@@ -24,6 +24,12 @@ WHITE_SPACE = frozenset(
 _KEPT_PUNCTUATION = frozenset("#")
 
 
+def _deleted_punctuation(char: str) -> bool:
+    """Punctuation (Unicode category P*) that a key deletes, unless between two digits: all but
+    `#`."""
+    return unicodedata.category(char).startswith("P") and char not in _KEPT_PUNCTUATION
+
+
 def _is_digit(char: str) -> bool:
     """A decimal digit: Unicode category Nd (not superscripts or other No numbers)."""
     return unicodedata.category(char) == "Nd"
@@ -86,10 +92,8 @@ _DIGIT = re.compile(r"\d")  # in a str pattern, exactly Unicode Nd
 _NOT_WORD = re.compile(r"[\W_]")  # a superset of White_Space and P* (and symbols, kept below)
 # What `key` deletes from an ASCII string, as one pattern (no Python callback): White_Space,
 # and punctuation but `#` unless it stands between two digits.
-_ASCII_PUNCTUATION = "".join(
-    re.escape(chr(cp)) for cp in range(128)
-    if unicodedata.category(chr(cp)).startswith("P") and chr(cp) not in _KEPT_PUNCTUATION
-)
+_ASCII_PUNCTUATION = "".join(re.escape(chr(cp)) for cp in range(128)
+                             if _deleted_punctuation(chr(cp)))
 _ASCII_DELETED = re.compile(
     "[{}]|(?<![0-9])[{p}]|[{p}](?![0-9])".format(
         "".join(re.escape(c) for c in sorted(WHITE_SPACE) if c.isascii()), p=_ASCII_PUNCTUATION)
@@ -100,7 +104,7 @@ def _kept_in_key(match: re.Match[str]) -> str:
     c = match.group()
     if c in WHITE_SPACE:
         return ""
-    if c in _KEPT_PUNCTUATION or not unicodedata.category(c).startswith("P"):
+    if not _deleted_punctuation(c):
         return c
     s, i = match.string, match.start()
     if 0 < i < len(s) - 1 and _is_digit(s[i - 1]) and _is_digit(s[i + 1]):
@@ -113,7 +117,7 @@ def _deletion_table() -> dict[int, None]:
     """str.translate table deleting White_Space and punctuation but `#` (built on first use)."""
     table: dict[int, None] = dict.fromkeys(map(ord, WHITE_SPACE))
     for cp in range(sys.maxunicode + 1):
-        if unicodedata.category(chr(cp)).startswith("P") and chr(cp) not in _KEPT_PUNCTUATION:
+        if _deleted_punctuation(chr(cp)):
             table[cp] = None
     return table
 
