@@ -42,6 +42,7 @@ from benchmarks.common import CALL_TIMEOUT_S, ROOT, child_env
 CALLERS = 16
 WARM_CALLS = 1000
 _PACKAGES = ("identity_server", "ingest", "benchmarks")  # this project's code
+_PROJECT = "project: "  # the origin of its calls, before the module's path
 
 
 def client(address: str, store: Path, n: int, calls: int) -> None:
@@ -139,8 +140,8 @@ def _origin(file: str, function: str) -> str:
     if file == "~":
         return "builtin methods" if function.startswith("<method") else "builtins"
     path = Path(file)
-    if path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0] in _PACKAGES:
-        return f"project: {path.relative_to(ROOT)}"
+    if path.is_relative_to(ROOT) and (inside := path.relative_to(ROOT)).parts[0] in _PACKAGES:
+        return f"{_PROJECT}{inside}"
     if "/asyncio/" in file:
         return "asyncio"
     return "other: " + "/".join(path.parts[-2:])
@@ -155,8 +156,8 @@ def report(stats: pstats.Stats, completed: int, top: int = 15) -> str:
     for (file, line, function), (_, calls, _, _, _) in raw.items():
         origin = _origin(file, function)
         by_origin[origin] += calls
-        if origin.startswith("project"):
-            ours[f"{origin[9:]}:{line} {function}"] += calls
+        if origin.startswith(_PROJECT):
+            ours[f"{origin.removeprefix(_PROJECT)}:{line} {function}"] += calls
     total = sum(by_origin.values())
     lines = [f"{total / completed:,.1f} Python-level calls a served call ({completed:,} calls)"]
     lines += [f"  {count / completed:8.1f}  {origin}" for origin, count in by_origin.most_common()
