@@ -20,9 +20,9 @@ from pathlib import Path
 from benchmarks.common import LoadResult, Row, cpu_medians, drive, fmt_rate, median
 from benchmarks.data import Stored, mention_mix, mention_mix_of
 from benchmarks.grpc_load import Client, batch_requests
-from identity_server.domain import Entity, Name, NameKind, Status, provisional_id
+from benchmarks.writes import Rows
 from identity_server.normalize import display_form
-from identity_server.store.sql import ChangeRecord, NameRow, SqlStore, Tx
+from identity_server.store.sql import SqlStore, Tx
 
 MIX = {"exact": 0.40, "case": 0.10, "punctuation": 0.10, "alias": 0.10, "typo": 0.15,
        "new": 0.15}
@@ -89,54 +89,29 @@ def run(server: Client, echo: Client, pool: Sequence[Stored], *, n_entities: int
 
 # -- goal 1's floor: the store's own writes ---------------------------------------------------------
 
-SURFACE_KINDS = ("case", "punctuation", "typo")  # converge on a spelling the entity lacks
-
-
 class _BatchWrites:
-    """The rows one ResolveBatch with a context id writes, every decision made in advance: an
-    evidence row per mention; a surface form and its change for a case, punctuation or typo
-    form; a provisional entity, its name and its change for a new name; the stored reply."""
+    """The rows one ResolveBatch with a context id writes, every decision made in advance: those
+    of its mentions (`benchmarks.writes`), an evidence row per mention, and the stored reply."""
 
     def __init__(self, context: str, mentions: Sequence[tuple[str, str, str, Stored]],
                  first_ordinal: int, first_seq: int, now: float) -> None:
         self.context = context
-        self.entities: list[Entity] = []
-        self.names: list[tuple[str, NameRow]] = []
-        self.evidence: dict[tuple[str, str, str, str], int] = {}
-        self.changes: list[ChangeRecord] = []
+        self.rows = Rows()
+        evidence = self.rows.evidence
         reply = []
         for text, etype, kind, stored in mentions:
-            display = display_form(text)
-            entity_id = stored.entity_id
-            if kind == "new":
-                entity_id = provisional_id(first_ordinal + len(self.entities))
-                self.entities.append(Entity(entity_id, etype, Status.PROVISIONAL,
-                                            first_ordinal + len(self.entities),
-                                            names=(Name(display, NameKind.NAME, 0),)))
-                self.names.append((entity_id, NameRow(display, "name", 0, "")))
-                self._change(first_seq, "created", entity_id, name=display, entity_type=etype,
-                             placeholder=False, now=now)
-            elif kind in SURFACE_KINDS:
-                self.names.append((entity_id, NameRow(display, "surface", 2, "")))
-                self._change(first_seq, "surface_form_added", entity_id, surface_form=display,
-                             now=now)
-            key = (entity_id, context, display, etype)
-            self.evidence[key] = self.evidence.get(key, 0) + 1
+            entity_id = self.rows.add(text, etype, kind, stored.entity_id,
+                                      ordinal=first_ordinal + len(self.rows.entities),
+                                      seq=first_seq + len(self.rows.changes), now=now)
+            key = (entity_id, context, display_form(text), etype)
+            evidence[key] = evidence.get(key, 0) + 1
             reply.append({"id": entity_id, "kind": kind, "status": "canonical", "created": False,
                           "matched": stored.name, "candidates": [entity_id], "linked": []})
         self.reply = json.dumps(reply, ensure_ascii=False)
         self.request_hash = hashlib.sha256(f"{context}{mentions}".encode()).hexdigest()
 
-    def _change(self, first_seq: int, kind: str, entity_id: str, *, now: float,
-                **detail: object) -> None:
-        self.changes.append(ChangeRecord(first_seq + len(self.changes), kind, entity_id, "",
-                                         dict(detail), now))
-
     def write(self, tx: Tx, now: float) -> None:
-        tx.insert_entities(self.entities, now=now)
-        tx.put_names_of(self.names)
-        tx.add_evidence(self.evidence)
-        tx.append_changes(self.changes)
+        self.rows.write(tx, now)
         tx.put_batch_reply(self.request_hash, self.reply, now=now)
 
 
@@ -160,8 +135,8 @@ def store_floor(db: Path, pool: Sequence[Stored], *, n_entities: int, size: int,
             for start in range(0, len(mentions), size):
                 batch = _BatchWrites(f"bench-floor-{r}-{start}", mentions[start:start + size],
                                      ordinal, seq, now)
-                ordinal += len(batch.entities)
-                seq += len(batch.changes)
+                ordinal += len(batch.rows.entities)
+                seq += len(batch.rows.changes)
                 batches.append(batch)
             began = time.perf_counter()
             for batch in batches:

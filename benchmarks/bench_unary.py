@@ -16,8 +16,11 @@ reply, which shows how much of the gap any handler work of that size opens (the 
 
 from __future__ import annotations
 
+import itertools
+import json
 import random
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
@@ -30,8 +33,9 @@ from benchmarks.common import (
     median,
     percentile,
 )
-from benchmarks.data import Stored, mention_mix
+from benchmarks.data import Stored, mention_mix, mention_mix_of
 from benchmarks.grpc_load import Client, unary_requests
+from benchmarks.writes import WRITING_KINDS
 
 MIX = {"exact": 0.55, "case": 0.10, "punctuation": 0.10, "alias": 0.10, "typo": 0.10,
        "new": 0.05}
@@ -44,6 +48,7 @@ CALLERS = 16
 # The report row "2 unary few callers": the goal's mix from this many callers, where the server
 # must not spend the callers' time waiting for company (the group-commit window).
 FEW_CALLERS = 2
+FLOOR_SEED = 9000  # the store floor's rounds: mentions of their own, fresh to its store
 GOAL_RATIO = 0.8
 
 
@@ -131,6 +136,34 @@ def settled_side_by_side(server: Client, echo: Client, pool: Sequence[Stored], *
         _figure(got), _figure(base, "echo "), ratio, "report", None, {"server": got, "echo": base})
 
 
+def store_floor(echo: Client, pool: Sequence[Stored], db: Path, *, calls: int, rounds: int,
+                time_cap_s: float) -> Row:
+    """The echo storing what the goal mix's writing calls store (`benchmarks.echo`'s
+    StoreWrites, into `db`, a copy of the store), against the plain echo, rounds alternating
+    on the same fresh mentions: what the store's writes alone cost the gRPC stack, with no
+    matching and no bookkeeping, so the most any matching code on this store could reach. One
+    transaction a writing call, as the server writes a Resolve with nothing to group it with."""
+    drawn = [mention_mix_of(pool, calls, MIX, seed=FLOOR_SEED + r) for r in range(rounds)]
+    warm = mention_mix_of(pool, 300, MIX, seed=FLOOR_SEED - 1)
+    listed = db.with_suffix(".writes.jsonl")
+    with listed.open("w", encoding="utf-8") as f:
+        for text, etype, kind, stored in itertools.chain(warm, *drawn):
+            if kind in WRITING_KINDS:
+                f.write(json.dumps([text, etype, kind, stored.entity_id]) + "\n")
+    mentions = [[(text, etype, kind) for text, etype, kind, _ in round_] for round_ in drawn]
+    with echo_server(store=db, writes=listed) as srv, Client(srv.address, srv.pid) as floor:
+        drive(floor.resolve, unary_requests([m[:3] for m in warm]), concurrency=CALLERS)
+        got, base, ratio = _alternating(floor, echo, lambda r: unary_requests(mentions[r]),
+                                        rounds=rounds, time_cap_s=time_cap_s)
+    return Row(
+        "2 unary floor",
+        f"the echo also storing what the goal mix's writing calls store (first-seen forms as "
+        f"surface forms, new names as entities, each with its change; one transaction a "
+        f"writing call, on the event loop), rows built in advance, vs the plain echo, rounds "
+        f"alternating, {CALLERS} callers: the most matching code on this store could reach",
+        _figure(got), _figure(base, "echo "), ratio, "report", None, {"floor": got, "echo": base})
+
+
 def _figure(s: Summary, prefix: str = "") -> str:
     return (f"{prefix}{fmt_rate(float(s['calls_per_s']), ' calls/s')} "  # type: ignore[arg-type]
             f"p50 {s['p50_ms']:.2f} ms p99 {s['p99_ms']:.2f} ms, "
@@ -167,8 +200,9 @@ def handler_cost(echo: Client, pool: Sequence[Stored], *, calls: int, rounds: in
 
 
 def run(server: Client, echo: Client, pool: Sequence[Stored], *, n_entities: int, calls: int,
-        rounds: int, time_cap_s: float = 30.0,
+        rounds: int, floor_db: Path, time_cap_s: float = 30.0,
         busy_us: Sequence[float] = (20, 100)) -> list[Row]:
+    """Goal 2 and its report rows; `floor_db` is a copy of the server's store, for the floor."""
     warm = unary_requests(mention_mix(pool, 300, MIX, seed=98))
     drive(server.resolve, warm, concurrency=CALLERS)
     drive(echo.resolve, warm, concurrency=CALLERS)
@@ -187,4 +221,6 @@ def run(server: Client, echo: Client, pool: Sequence[Stored], *, n_entities: int
         few_callers(server, echo, pool, calls=calls, rounds=report_rounds,
                     time_cap_s=time_cap_s),
         handler_cost(echo, pool, calls=calls, rounds=report_rounds, busy_us=busy_us,
-                     time_cap_s=time_cap_s)]
+                     time_cap_s=time_cap_s),
+        store_floor(echo, pool, floor_db, calls=calls, rounds=report_rounds,
+                    time_cap_s=time_cap_s)]

@@ -249,9 +249,13 @@ def identity_server(db: Path) -> ServerProcess:
                          name="identity-server")
 
 
-def echo_server(busy_us: float = 0.0) -> ServerProcess:
-    return ServerProcess([sys.executable, "-m", "benchmarks.echo", "--port", "0",
-                          "--busy-us", str(busy_us)], name="echo")
+def echo_server(busy_us: float = 0.0, *, store: Path | None = None,
+                writes: Path | None = None) -> ServerProcess:
+    """The echo as a process of its own; with `store` and `writes`, goal 2's store floor."""
+    argv = [sys.executable, "-m", "benchmarks.echo", "--port", "0", "--busy-us", str(busy_us)]
+    if store is not None and writes is not None:
+        argv += ["--store", str(store), "--writes", str(writes)]
+    return ServerProcess(argv, name="echo")
 
 
 def child_env() -> dict[str, str]:

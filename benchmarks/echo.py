@@ -9,25 +9,65 @@ display form), but no matching and no store: it measures the ceiling of the gRPC
 Run as its own process like the real server: `python -m benchmarks.echo --port 0` prints
 `listening on 127.0.0.1:PORT` and serves until SIGTERM. `--busy-us N` makes each mention cost N
 µs of pure Python first: what any handler work of that size costs the stack (goal 2's bound).
+
+`--store DB --writes FILE` makes it goal 2's store floor: FILE lists the mentions that write
+(JSON lines `[text, entity_type, kind, entity_id]`, kinds as `benchmarks.writes`), and the
+first Resolve of each writes that mention's rows into DB (a copy of a generated store) through
+the server's store layer, in a transaction of its own on the event loop, as the server writes an
+uncontended Resolve, before the canned reply. The rows are built at start-up, so a call pays
+the store's work alone: no matching and no bookkeeping.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import time
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
+from benchmarks.writes import Rows
 from identity_server.server import GRPC_OPTIONS
 from identity_server.settings import Settings
+from identity_server.store.sql import SqlStore
 
 _BUSY_S = 0.0  # --busy-us: pure-Python work per mention before the canned reply
+
+
+class StoreWrites:
+    """Goal 2's store floor: the rows each listed mention writes, stored on its first Resolve."""
+
+    def __init__(self, db: Path, listed: Path) -> None:
+        self.store = SqlStore(f"sqlite:///{db}")
+        with self.store.read() as tx:
+            seq = tx.max_seq() + 1
+            ordinal = int(tx.conn.exec_driver_sql(
+                "SELECT max(ordinal) FROM entities").scalar_one()) + 1
+        self.now = time.time()
+        self.pending: dict[tuple[str, str], Rows] = {}
+        for line in listed.read_text(encoding="utf-8").splitlines():
+            text, entity_type, kind, entity_id = json.loads(line)
+            rows = Rows()
+            rows.add(text, entity_type, kind, entity_id, ordinal=ordinal, seq=seq, now=self.now)
+            ordinal += len(rows.entities)
+            seq += len(rows.changes)
+            self.pending.setdefault((text, entity_type), rows)
+
+    def write(self, mention: str, entity_type: str) -> None:
+        rows = self.pending.pop((mention, entity_type), None)
+        if rows is not None:
+            with self.store.write(wait=False) as tx:  # the sole writer: never waits
+                rows.write(tx, self.now)
+
+
+_WRITES: StoreWrites | None = None  # --store and --writes
 
 
 def canned(mention: str, entity_type: str) -> pb.ResolveResponse:
@@ -48,6 +88,8 @@ class EchoServicer(pb_grpc.IdentityServiceServicer):  # type: ignore[misc]
 
     async def Resolve(self, request: pb.ResolveRequest,
                       context: grpc.aio.ServicerContext[Any, Any]) -> pb.ResolveResponse:
+        if _WRITES is not None:
+            _WRITES.write(request.mention, request.entity_type)
         return canned(request.mention, request.entity_type)
 
     async def ResolveBatch(self, request: pb.ResolveBatchRequest,
@@ -78,6 +120,8 @@ async def serve(port: int, stop: asyncio.Event) -> None:
     await stop.wait()
     await server.stop(1.0)
     handlers.shutdown()
+    if _WRITES is not None:
+        _WRITES.store.close()
 
 
 def main() -> None:
@@ -86,9 +130,15 @@ def main() -> None:
     parser.add_argument("--busy-us", type=float, default=0.0,
                         help="microseconds of pure-Python work per mention before replying "
                              "(measures what a handler's own work costs the gRPC stack)")
+    parser.add_argument("--store", type=Path, help="a generated store to write into (with --writes)")
+    parser.add_argument("--writes", type=Path, help="the mentions whose first Resolve writes")
     args = parser.parse_args()
-    global _BUSY_S
+    if (args.store is None) != (args.writes is None):
+        parser.error("--store and --writes go together")
+    global _BUSY_S, _WRITES
     _BUSY_S = args.busy_us / 1e6
+    if args.store is not None:
+        _WRITES = StoreWrites(args.store, args.writes)
 
     async def run() -> None:
         stop = asyncio.Event()

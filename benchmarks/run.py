@@ -135,7 +135,9 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
                                 rounds=p["batch_rounds"], concurrency=4, run_tag=run_tag)
         step("batch")
         rows += bench_unary.run(server_client, echo_client, pool, n_entities=p["grpc_n"],
-                                calls=p["unary_calls"], rounds=p["unary_rounds"])
+                                calls=p["unary_calls"], rounds=p["unary_rounds"],
+                                floor_db=copy_store(stores[p["grpc_n"]],
+                                                    work / "unary-floor.sqlite"))
         step("unary")
     rows.append(bench_cold.run(stores[p["grpc_n"]], p["grpc_n"], work, calls=p["cold_calls"],
                                passes=p["cold_passes"]))
