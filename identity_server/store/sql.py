@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,20 +224,19 @@ class SqlStore:
                 "SELECT coalesce(max(seq), 0) FROM changes").fetchone()
         return marker, int(last)
 
-    @contextmanager
-    def write(self, *, wait: bool = True) -> Iterator[Tx]:
+    def write(self, *, wait: bool = True) -> AbstractContextManager[Tx]:
         """A transaction holding the store-wide write lock; commits when the block succeeds.
 
         With wait=False it raises WouldBlock instead of waiting for the lock, before anything
         is done: this process's other writer, another process's write transaction (SQLite), or
-        a network round trip per statement (PostgreSQL: never taken without waiting)."""
-        with self._transaction(write=True, wait=wait) as tx:
-            yield tx
+        a network round trip per statement (PostgreSQL: never taken without waiting).
 
-    @contextmanager
-    def read(self) -> Iterator[Tx]:
-        with self._transaction(write=False) as tx:
-            yield tx
+        The transaction itself is the context manager, not wrapped in another: every Resolve
+        that writes opens one."""
+        return self._transaction(write=True, wait=wait)
+
+    def read(self) -> AbstractContextManager[Tx]:
+        return self._transaction(write=False)
 
     @contextmanager
     def _transaction(self, *, write: bool, wait: bool = True) -> Iterator[Tx]:
