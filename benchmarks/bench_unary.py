@@ -11,7 +11,9 @@ fresh mentions that write, the split of a read-mostly benchmark such as YCSB's w
 goal's mix from 2 callers (where waiting for company to share a commit would only idle the
 server); and the echo again with 20 and 100 µs of pure Python per call before its canned
 reply, which shows how much of the gap any handler work of that size opens (the bound of goal
-2 for a Python handler).
+2 for a Python handler). A fourth, the store floor: the echo also storing the rows the goal
+mix's writing calls store, built in advance, one transaction a writing call - what the writes
+SPEC section 2 requires cost the stack before any matching.
 """
 
 from __future__ import annotations
