@@ -49,16 +49,17 @@ class StoreWrites:
         with self.store.read() as tx:
             seq = tx.max_seq() + 1
             ordinal = int(tx.conn.exec_driver_sql(
-                "SELECT max(ordinal) FROM entities").scalar_one()) + 1
+                "SELECT coalesce(max(ordinal), 0) FROM entities").scalar_one()) + 1
         self.now = time.time()
         self.pending: dict[tuple[str, str], Rows] = {}
         for line in listed.read_text(encoding="utf-8").splitlines():
             text, entity_type, kind, entity_id = json.loads(line)
-            rows = Rows()
+            if (text, entity_type) in self.pending:  # listed again: written once, as the server would
+                continue
+            rows = self.pending[text, entity_type] = Rows()
             rows.add(text, entity_type, kind, entity_id, ordinal=ordinal, seq=seq, now=self.now)
             ordinal += len(rows.entities)
             seq += len(rows.changes)
-            self.pending.setdefault((text, entity_type), rows)
 
     def write(self, mention: str, entity_type: str) -> None:
         rows = self.pending.pop((mention, entity_type), None)

@@ -21,6 +21,7 @@ def test_the_floor_writes_a_listed_mentions_rows_once(tmp_path: Path) -> None:
     listed.write_text("".join(json.dumps(m) + "\n" for m in (
         ["mem castle", "method", "case", stored.entity_id],
         ["Quorvex  Suite", "dataset", "new", ""],
+        ["mem castle", "method", "case", stored.entity_id],  # listed twice: stored once
     )), encoding="utf-8")
 
     floor = StoreWrites(db, listed)
