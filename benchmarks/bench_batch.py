@@ -21,7 +21,6 @@ from benchmarks.common import LoadResult, Row, cpu_medians, drive, fmt_rate, med
 from benchmarks.data import Stored, mention_mix, mention_mix_of
 from benchmarks.grpc_load import Client, batch_requests
 from benchmarks.writes import Rows
-from identity_server.normalize import display_form
 from identity_server.store.sql import SqlStore, Tx
 
 MIX = {"exact": 0.40, "case": 0.10, "punctuation": 0.10, "alias": 0.10, "typo": 0.15,
@@ -97,14 +96,12 @@ class _BatchWrites:
                  first_ordinal: int, first_seq: int, now: float) -> None:
         self.context = context
         self.rows = Rows()
-        evidence = self.rows.evidence
         reply = []
         for text, etype, kind, stored in mentions:
             entity_id = self.rows.add(text, etype, kind, stored.entity_id,
                                       ordinal=first_ordinal + len(self.rows.entities),
-                                      seq=first_seq + len(self.rows.changes), now=now)
-            key = (entity_id, context, display_form(text), etype)
-            evidence[key] = evidence.get(key, 0) + 1
+                                      seq=first_seq + len(self.rows.changes), now=now,
+                                      context_id=context)
             reply.append({"id": entity_id, "kind": kind, "status": "canonical", "created": False,
                           "matched": stored.name, "candidates": [entity_id], "linked": []})
         self.reply = json.dumps(reply, ensure_ascii=False)

@@ -29,9 +29,10 @@ class Rows:
     changes: list[ChangeRecord] = field(default_factory=list)
 
     def add(self, text: str, entity_type: str, kind: str, entity_id: str, *, ordinal: int,
-            seq: int, now: float) -> str:
+            seq: int, now: float, context_id: str = "") -> str:
         """The rows of one mention of `kind` (of the stored entity `entity_id`, or a new one
-        numbered `ordinal`); its changes numbered from `seq`. Returns the entity's id."""
+        numbered `ordinal`); its changes numbered from `seq`; with a context id, its evidence.
+        Returns the entity's id."""
         display = display_form(text)
         if kind == "new":
             entity_id = provisional_id(ordinal)
@@ -44,6 +45,9 @@ class Rows:
             self.names.append((entity_id, NameRow(display, "surface", 2, "")))
             self.changes.append(ChangeRecord(seq, "surface_form_added", entity_id, "",
                                              {"surface_form": display}, now))
+        if context_id:
+            k = (entity_id, context_id, display, entity_type)
+            self.evidence[k] = self.evidence.get(k, 0) + 1
         return entity_id
 
     def write(self, tx: Tx, now: float) -> None:
