@@ -85,20 +85,22 @@ def variant_hash(s: str) -> int:
     return h
 
 
-# The last key `variant_hashes` worked out, and its hashes (one tuple: any thread may replace
-# it). A key that misses a lookup is usually filed next, as a new entity's name, and then
-# checked against the placeholders' pairs: three calls for one key, one computation.
-_last_hashed: tuple[str | None, list[int]] = (None, [])
+# The keys `variant_hashes` worked out lately, and their hashes. A key that misses a lookup is
+# usually filed soon after, as a new entity's name, and checked against the placeholders'
+# pairs: three calls for one key, one computation, even when other calls' lookups come in
+# between (the group writer files a group's new names after all of their lookups). Emptied
+# when full; a dict's get and set are atomic, so any thread may use it.
+_RECENT_HASHED_MAX = 256
+_recent_hashed: dict[str, list[int]] = {}
 
 
 def variant_hashes(k: str) -> list[int]:
     """`variant_hash` of k and of each string one deletion away from k (k first), from one pass
     over k: without k[i], the hash is prefix(i) * BASE**(n-1-i) + suffix(i+1). The list is
-    shared with the next caller asking for the same key: do not change it."""
-    global _last_hashed
-    last_key, last_hashes = _last_hashed
-    if last_key == k:
-        return last_hashes
+    shared with later callers asking for the same key: do not change it."""
+    recent = _recent_hashed.get(k)
+    if recent is not None:
+        return recent
     n = len(k)
     powers = _powers_to(n)
     base, mask = _BASE, _U64
@@ -113,15 +115,17 @@ def variant_hashes(k: str) -> list[int]:
         power = powers[n - 1 - i]
         out.append((prefix[i] * power + suffix) & mask)
         suffix = (suffix + ord(k[i]) * power) & mask
-    _last_hashed = (k, out)
+    if len(_recent_hashed) >= _RECENT_HASHED_MAX:
+        _recent_hashed.clear()
+    _recent_hashed[k] = out
     return out
 
 
 def _own_hash(k: str) -> int:
-    """`variant_hash(k)`, taken from the last `variant_hashes` when that was k's (a new name's
-    key, looked up just before it is filed)."""
-    last_key, last_hashes = _last_hashed
-    return last_hashes[0] if last_key == k else variant_hash(k)
+    """`variant_hash(k)`, taken from a recent `variant_hashes` of k when there was one (a new
+    name's key, looked up just before it is filed)."""
+    recent = _recent_hashed.get(k)
+    return recent[0] if recent is not None else variant_hash(k)
 
 
 class _Shard(NamedTuple):

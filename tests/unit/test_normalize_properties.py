@@ -484,11 +484,23 @@ def test_the_three_ways_of_hashing_variants_agree(keys: list[str]) -> None:
         assert sorted(variant_hashes(k)) == sorted(spelled), k
         at += len(k) + 1
     assert at == len(chunk)
-    for k in [*keys, *reversed(keys)]:  # again, in another order: the last key's are kept
+    for k in [*keys, *reversed(keys)]:  # again, in another order: recent keys' are kept
         spelled = [variant_hash(k)] + [variant_hash(k[:i] + k[i + 1 :])
                                        for i in reversed(range(len(k)))]
         assert variant_hashes(k) == spelled, k
         assert variant_hashes(k) == spelled, k  # asked twice running: the kept list, unchanged
+
+
+def test_a_key_hashed_before_many_others_is_hashed_right_again() -> None:
+    """Recent keys' hashes are kept, and the keeping is emptied when full: a key asked again
+    after more keys than are kept, or after a few, gets its own hashes either way."""
+    keys = [f"graphattentionnetwork{i}" for i in range(700)]
+    expected = {k: [variant_hash(k)] + [variant_hash(k[:i] + k[i + 1 :])
+                                        for i in reversed(range(len(k)))] for k in keys}
+    for k in keys:
+        assert variant_hashes(k) == expected[k], k
+    for k in [keys[0], keys[-1], keys[-2], keys[350], keys[0]]:
+        assert variant_hashes(k) == expected[k], k
 
 
 def test_an_abandoned_pack_puts_its_anchors_back_in_the_overlay() -> None:
