@@ -90,7 +90,7 @@ def variant_hash(s: str) -> int:
 # pairs: three calls for one key, one computation, even when other calls' lookups come in
 # between (the group writer files a group's new names after all of their lookups). Emptied
 # when full; a dict's get and set are atomic, so any thread may use it.
-_RECENT_HASHED_MAX = 256
+_RECENT_HASHED_MAX = 64  # a group of writes is a few calls; a long key's hashes are ~16 KB
 _recent_hashed: dict[str, list[int]] = {}
 
 

@@ -494,12 +494,12 @@ def test_the_three_ways_of_hashing_variants_agree(keys: list[str]) -> None:
 def test_a_key_hashed_before_many_others_is_hashed_right_again() -> None:
     """Recent keys' hashes are kept, and the keeping is emptied when full: a key asked again
     after more keys than are kept, or after a few, gets its own hashes either way."""
-    keys = [f"graphattentionnetwork{i}" for i in range(700)]
+    keys = [f"graphattentionnetwork{i}" for i in range(200)]
     expected = {k: [variant_hash(k)] + [variant_hash(k[:i] + k[i + 1 :])
                                         for i in reversed(range(len(k)))] for k in keys}
     for k in keys:
         assert variant_hashes(k) == expected[k], k
-    for k in [keys[0], keys[-1], keys[-2], keys[350], keys[0]]:
+    for k in [keys[0], keys[-1], keys[-2], keys[100], keys[0]]:
         assert variant_hashes(k) == expected[k], k
 
 
