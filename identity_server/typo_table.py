@@ -291,8 +291,7 @@ class DeletionVariantTable:
         words, starts, shift, bucket_mask, hash_mask, number_mask, _, _ = shard
         hashed &= hash_mask
         bucket = (hashed >> shift) & bucket_mask
-        for i in range(starts[bucket], starts[bucket + 1]):
-            word = words[i]
+        for word in words[starts[bucket] : starts[bucket + 1]]:
             if word & hash_mask == hashed and anchors[word & number_mask] == k:
                 return True
         return False
@@ -319,8 +318,7 @@ class DeletionVariantTable:
             ]
             hashed &= hash_mask
             bucket = (hashed >> shift) & bucket_mask
-            for i in range(starts[bucket], starts[bucket + 1]):
-                word = words[i]
+            for word in words[starts[bucket] : starts[bucket + 1]]:  # a slice: no index a word
                 if word & hash_mask == hashed:
                     found.add(anchors[word & number_mask])
         return found
