@@ -318,7 +318,7 @@ class DeletionVariantTable:
             ]
             hashed &= hash_mask
             bucket = (hashed >> shift) & bucket_mask
-            for word in words[starts[bucket] : starts[bucket + 1]]:  # a slice: no index a word
+            for word in words[starts[bucket] : starts[bucket + 1]]:  # the bucket, read as one slice
                 if word & hash_mask == hashed:
                     found.add(anchors[word & number_mask])
         return found
