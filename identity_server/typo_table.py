@@ -44,6 +44,11 @@ import numpy.typing as npt
 
 from identity_server import multimap
 
+try:  # the two hot loops below in C, where the install could build them (setup.py)
+    from identity_server import _typo_native as native
+except ImportError:  # pragma: no cover - where no C compiler was found: the Python loops run
+    native = None  # type: ignore[assignment]
+
 _U64 = (1 << 64) - 1
 _SHARD_BITS = 4  # 16 shards: a pack's scratch memory is a sixteenth of the table
 _SHARD_SHIFT = 64 - _SHARD_BITS
@@ -101,6 +106,15 @@ def variant_hashes(k: str) -> list[int]:
     recent = _recent_hashed.get(k)
     if recent is not None:
         return recent
+    out = native.variant_hashes(k, _BASE, _SEED) if native else _python_variant_hashes(k)
+    if len(_recent_hashed) >= _RECENT_HASHED_MAX:
+        _recent_hashed.clear()
+    _recent_hashed[k] = out
+    return out
+
+
+def _python_variant_hashes(k: str) -> list[int]:
+    """`variant_hashes` without the C module."""
     n = len(k)
     powers = _powers_to(n)
     base, mask = _BASE, _U64
@@ -115,9 +129,6 @@ def variant_hashes(k: str) -> list[int]:
         power = powers[n - 1 - i]
         out.append((prefix[i] * power + suffix) & mask)
         suffix = (suffix + ord(k[i]) * power) & mask
-    if len(_recent_hashed) >= _RECENT_HASHED_MAX:
-        _recent_hashed.clear()
-    _recent_hashed[k] = out
     return out
 
 
@@ -298,35 +309,52 @@ class DeletionVariantTable:
 
     def anchors_near(self, k: str) -> set[str]:
         """Anchor keys sharing a deletion variant with k, plus rare hash-collision extras."""
-        probes = set(variant_hashes(k))
+        hashes = variant_hashes(k)
         found: set[str] = set()
         for overlay in (self._overlay, self._packing):  # read in the order begin_pack sets them
             if overlay:
-                held = overlay.get  # most probes miss: a get each, no call of multimap.values
-                for probe in probes:
-                    hit = held(probe)
-                    if hit is not None:
-                        if isinstance(hit, str):
-                            found.add(hit)
-                        else:
-                            found.update(hit)
-        anchors, shards = self._anchors, self._shards  # after the overlays: see build
-        shard_shift = _SHARD_SHIFT
-        for hashed in probes:
-            words, starts, shift, bucket_mask, hash_mask, number_mask, _, _ = shards[
-                hashed >> shard_shift
-            ]
-            hashed &= hash_mask
-            bucket = (hashed >> shift) & bucket_mask
-            for word in words[starts[bucket] : starts[bucket + 1]]:  # the bucket, read as one slice
-                if word & hash_mask == hashed:
-                    found.add(anchors[word & number_mask])
+                _probe_overlay(hashes, overlay, found)
+        _probe_shards(hashes, self._shards, self._anchors, found)  # after the overlays: see build
         return found
 
     def packed_bytes(self) -> int:
         """Memory held by the packed shards (arrays, directories, the anchor list's slots)."""
         held = sum(int(s.array.nbytes + s.starts.nbytes) for s in self._shards)
         return held + 8 * len(self._anchors)
+
+
+def _python_probe_overlay(hashes: list[int], overlay: Overlay, found: set[str]) -> None:
+    """Add to `found` the anchors `overlay` files under `hashes`."""
+    held = overlay.get  # most probes miss: a get each, no call of multimap.values
+    for hashed in hashes:
+        hit = held(hashed)
+        if hit is not None:
+            if isinstance(hit, str):
+                found.add(hit)
+            else:
+                found.update(hit)
+
+
+def _python_probe_shards(hashes: list[int], shards: list[_Shard], anchors: list[str],
+                         found: set[str]) -> None:
+    """Add to `found` the anchors the packed shards file under `hashes`: for each hash, the
+    words of its bucket whose high bits are the hash's name an anchor number."""
+    shard_shift = _SHARD_SHIFT
+    for hashed in hashes:
+        words, starts, shift, bucket_mask, hash_mask, number_mask, _, _ = shards[
+            hashed >> shard_shift
+        ]
+        hashed &= hash_mask
+        bucket = (hashed >> shift) & bucket_mask
+        for word in words[starts[bucket] : starts[bucket + 1]]:  # the bucket, read as one slice
+            if word & hash_mask == hashed:
+                found.add(anchors[word & number_mask])
+
+
+# The same loops in C where they were built: a lookup at 1M entities ~23 -> ~3 µs in a loop of
+# lookups (benchmarks/README.md, stop 41).
+_probe_overlay = native.probe_overlay if native else _python_probe_overlay
+_probe_shards = native.probe if native else _python_probe_shards
 
 
 def _load_malloc_trim() -> Any:

@@ -1,0 +1,151 @@
+"""The typo table's C loops (identity_server/_typo_native.c) against the same loops in Python.
+
+The install builds the C module where it finds a compiler and runs the Python loops where it
+does not; the rest of the suite runs whichever is built (the index-versus-scan oracle in
+test_normalize_properties.py included), so here the two are compared directly, on the same
+tables and keys.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from identity_server import typo_table
+from identity_server.typo_table import (
+    _BASE,
+    _SEED,
+    DeletionVariantTable,
+    _python_probe_overlay,
+    _python_probe_shards,
+    _python_variant_hashes,
+    _Shard,
+    variant_hash,
+)
+
+native = typo_table.native
+needs_native = pytest.mark.skipif(native is None, reason="the C module was not built here")
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+any_char = st.one_of(st.characters(codec=None), st.characters(categories=["Cs"]))
+
+
+def test_the_c_module_is_built_where_ci_runs() -> None:
+    """CI's machine has a C compiler: there the module must have been built, or the C loops
+    would go untested while every other test passes on the Python ones."""
+    if os.environ.get("CI"):
+        assert native is not None, "identity_server._typo_native was not built"
+    elif native is None:
+        pytest.skip("the C module was not built here (no compiler): the Python loops run")
+
+
+@needs_native
+@FAST
+@given(st.one_of(st.text(any_char, max_size=40), st.text(any_char, min_size=60, max_size=700)))
+def test_c_and_python_variant_hashes_agree(k: str) -> None:
+    """Any code point (surrogates, astral, combining), short keys and long ones."""
+    from_c = native.variant_hashes(k, _BASE, _SEED)
+    assert from_c == _python_variant_hashes(k)
+    assert from_c[0] == variant_hash(k)
+    assert from_c[1:] == [variant_hash(k[:i] + k[i + 1 :]) for i in reversed(range(len(k)))]
+
+
+def _keys(rng: random.Random, count: int) -> list[str]:
+    """Keys over a small alphabet (so that many share deletion variants), a few non-ASCII."""
+    alphabet = "abcdeé文\U0001f600"
+    return list({"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 9)))
+                 for _ in range(count)})
+
+
+def _near_both_ways(table: DeletionVariantTable, k: str,
+                    monkeypatch: pytest.MonkeyPatch) -> tuple[set[str], set[str]]:
+    with monkeypatch.context() as m:
+        m.setattr(typo_table, "_probe_shards", native.probe)
+        m.setattr(typo_table, "_probe_overlay", native.probe_overlay)
+        from_c = table.anchors_near(k)
+    with monkeypatch.context() as m:
+        m.setattr(typo_table, "_probe_shards", _python_probe_shards)
+        m.setattr(typo_table, "_probe_overlay", _python_probe_overlay)
+        from_python = table.anchors_near(k)
+    return from_c, from_python
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(6))
+def test_c_and_python_lookups_find_the_same_anchors(seed: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packed shards, the overlay and an overlay set aside for a pack, before and after the
+    pack is built (shards merged, anchor numbers taking more bits)."""
+    rng = random.Random(seed)
+    keys = _keys(rng, 400)
+    table = DeletionVariantTable()
+    table.rebuild(keys[:250])
+    for k in keys[250:320]:
+        table.add(k)
+    pack = table.begin_pack()
+    for k in keys[320:]:
+        table.add(k)
+    queries = [*keys, *_keys(rng, 200)]
+    for stage in ("set aside", "built", "installed"):
+        if stage == "built":
+            DeletionVariantTable.build(pack)
+        elif stage == "installed":
+            assert table.install(pack)
+            pack.release()
+        found_any = 0
+        for q in queries:
+            from_c, from_python = _near_both_ways(table, q, monkeypatch)
+            assert from_c == from_python, (stage, q)
+            found_any += bool(from_c)
+            if q in keys:
+                assert q in from_c, (stage, q)  # every anchor is filed under itself
+        assert found_any > len(queries) // 2
+
+
+@needs_native
+def test_c_probe_reads_a_directory_of_8_byte_bucket_starts() -> None:
+    """Shards of 2**32 words or more keep 8-byte bucket starts (too large to build here): the
+    same shard with its directory widened answers the same."""
+    rng = random.Random(7)
+    keys = _keys(rng, 300)
+    table = DeletionVariantTable()
+    table.rebuild(keys)
+    wide = []
+    for shard in table._shards:
+        starts = shard.starts.astype(np.uint64)
+        wide.append(_Shard(shard.words, starts.data, shard.shift, shard.bucket_mask,
+                           shard.hash_mask, shard.number_mask, shard.array, starts))
+    for q in keys[:100]:
+        hashes = native.variant_hashes(q, _BASE, _SEED)
+        narrow_found: set[str] = set()
+        wide_found: set[str] = set()
+        native.probe(hashes, table._shards, table._anchors, narrow_found)
+        native.probe(hashes, wide, table._anchors, wide_found)
+        assert wide_found == narrow_found and q in wide_found
+
+
+@needs_native
+def test_c_probe_refuses_what_is_not_a_table() -> None:
+    """A wrong argument is an exception, never a read out of bounds."""
+    table = DeletionVariantTable()
+    table.rebuild(["transformer", "attention"])
+    hashes = native.variant_hashes("transformer", _BASE, _SEED)
+    with pytest.raises(TypeError):
+        native.probe(tuple(hashes), table._shards, table._anchors, set())
+    with pytest.raises(TypeError):
+        native.probe(hashes, [("not", "a", "shard")] * 16, table._anchors, set())
+    with pytest.raises(ValueError, match="fewer shards"):
+        native.probe(hashes, table._shards[:1], table._anchors, set())
+    with pytest.raises(IndexError, match="anchor number"):
+        native.probe(hashes, table._shards, [], set())
+    with pytest.raises(OverflowError):
+        native.probe([-1], table._shards, table._anchors, set())
+    with pytest.raises(TypeError):
+        native.probe_overlay(hashes, {hashes[0]: 5}, set())
+    found: set[str] = set()
+    native.probe_overlay(hashes, {hashes[0]: "a", hashes[1]: {"b", "c"}, 12345: "d"}, found)
+    assert found == {"a", "b", "c"}
