@@ -300,15 +300,9 @@ class DeletionVariantTable:
         for overlay in (self._overlay, self._packing):
             if k in multimap.values(overlay, hashed):
                 return True
-        anchors = self._anchors
-        shard = self._shards[hashed >> _SHARD_SHIFT]
-        words, starts, shift, bucket_mask, hash_mask, number_mask, _, _ = shard
-        hashed &= hash_mask
-        bucket = (hashed >> shift) & bucket_mask
-        for word in words[starts[bucket] : starts[bucket + 1]]:
-            if word & hash_mask == hashed and anchors[word & number_mask] == k:
-                return True
-        return False
+        filed_under: set[str] = set()  # k's own bucket: k, and any key its hash collides with
+        _probe_shards([hashed], self._shards, self._anchors, filed_under)
+        return k in filed_under
 
     def anchors_near(self, k: str) -> set[str]:
         """Anchor keys sharing a deletion variant with k, plus rare hash-collision extras."""
