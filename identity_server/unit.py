@@ -38,8 +38,12 @@ IMPORTED = "imported"
 OPEN, DISTINCT, SAME, MOVED = "open", "distinct", "same", "moved"
 
 # Where a name came from. Only the authority's own aliases are retired when a re-import no
-# longer lists them; a curator's, a merge's or a previous name stays.
+# longer lists them; a curator's, a merge's or a previous name stays. An alias the authority
+# listed over a spelling the entity held as a surface form (seen in a paper, or a provisional
+# name a merge brought) becomes that surface form again: nothing is ever deleted.
 AUTHORITY, CURATOR, MERGE, PREVIOUS_NAME = "authority", "curator", "merge", "previous_name"
+AUTHORITY_OVER_SURFACE = "authority_seen"  # 16 characters at most: the column's width
+_AUTHORITY_LISTED = frozenset((AUTHORITY, AUTHORITY_OVER_SURFACE))
 # Read on every name added, as module names: on Python 3.11 `NameKind.ALIAS` goes through
 # EnumType.__getattr__'s slot (~100 ns against ~7; see matching's note).
 _ALIAS, _SURFACE = NameKind.ALIAS, NameKind.SURFACE
@@ -166,6 +170,9 @@ class Unit:
                 if old.source != source and not keeps_source:
                     changed[display] = dataclasses.replace(old, source=source)
                 return
+            if (old is not None and old.kind == NameKind.SURFACE.value
+                    and kind is NameKind.ALIAS and source == AUTHORITY):
+                source = AUTHORITY_OVER_SURFACE  # a surface form again once dropped
             # Recorded now in its new role: it goes after the names already recorded in it.
             changed[display] = NameRow(display, kind.value, position, source)
             position += 1
@@ -173,9 +180,12 @@ class Unit:
         for r in rows.values():
             if r.kind == NameKind.NAME.value and r.display != name:
                 assign(r.display, NameKind.ALIAS, PREVIOUS_NAME)
-            elif (r.kind == NameKind.ALIAS.value and r.source == AUTHORITY
+            elif (r.kind == NameKind.ALIAS.value and r.source in _AUTHORITY_LISTED
                   and r.display not in new_aliases and r.display != name):
-                changed[r.display] = dataclasses.replace(r, kind=RETIRED)
+                if r.source == AUTHORITY:
+                    changed[r.display] = dataclasses.replace(r, kind=RETIRED)
+                else:
+                    assign(r.display, NameKind.SURFACE, "")
         assign(name, NameKind.NAME, AUTHORITY)
         for a in new_aliases:
             assign(a, NameKind.ALIAS, AUTHORITY)
@@ -222,7 +232,7 @@ class Unit:
         stays when a later re-import drops it."""
         self.flush()
         row = next((r for r in self.tx.name_rows(entity_id) if r.display == display), None)
-        if row is not None and row.source == AUTHORITY:
+        if row is not None and row.source in _AUTHORITY_LISTED:
             self.tx.put_names(entity_id, [dataclasses.replace(row, source=CURATOR)])
 
     def upgrade_type(self, entity: Entity, entity_type: str) -> Entity:
@@ -299,8 +309,11 @@ class Unit:
                 if old.kind == NameKind.SURFACE.value and kind is NameKind.ALIAS:
                     moved.append(NameRow(n.display, kind.value, position, MERGE))
                     position += 1
-                elif old.kind == kind.value == NameKind.ALIAS.value and old.source == AUTHORITY:
-                    claimed.append(dataclasses.replace(old, source=MERGE))  # the merge's too
+                elif old.kind == NameKind.ALIAS.value and old.source in _AUTHORITY_LISTED:
+                    # The merge's too: an alias stays one, a surface form outlives the listing.
+                    source_now = MERGE if kind is NameKind.ALIAS else AUTHORITY_OVER_SURFACE
+                    if source_now != old.source:
+                        claimed.append(dataclasses.replace(old, source=source_now))
                 continue
             moved.append(NameRow(n.display, kind.value, position, MERGE))
             position += 1

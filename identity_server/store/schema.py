@@ -51,7 +51,8 @@ names = Table(
     Column("display", Text, nullable=False),
     Column("kind", String(16), nullable=False),
     Column("position", Integer, nullable=False),
-    # Who recorded an alias: "authority", "curator", "merge" or "previous_name".
+    # Who recorded an alias: "authority", "curator", "merge" or "previous_name"; or
+    # "authority_seen", an authority alias that is a surface form again once dropped.
     Column("source", String(16), nullable=False, default=""),
     PrimaryKeyConstraint("entity_id", "display", name="pk_names"),
     sqlite_with_rowid=False,

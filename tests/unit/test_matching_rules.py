@@ -1112,6 +1112,51 @@ def test_reimport_keeps_the_merges_alias_the_target_already_had_from_the_authori
     assert set(service.get_entity("Q1").aliases) == {"AT&T Inc.", "Ma Bell"}
 
 
+@pytest.mark.parametrize("origin", ["resolved", "merged", "merged on import"])
+def test_reimport_keeps_a_surface_form_the_authority_listed_as_an_alias_then_dropped(
+        make_service: Callable[..., IdentityService], origin: str) -> None:
+    """A spelling the entity held as a surface form (seen in a paper; a provisional source's
+    name, moved by a merge or an import merge) that the authority then lists as an alias is
+    an alias while listed, and a surface form again once a re-import drops it: 'nothing is
+    ever deleted', so the spelling still converges on the entity, and it is no typo anchor
+    (in the store as in the index: a server opening the store reads the same)."""
+    first = make_service(origin.replace(" ", "-"))
+    load(first, rec("K1", "Gizmotron", "tool"))
+    side, probe = ("Gizmotrom", "Gizmotrxm") if origin == "resolved" else ("Gizmo Side",
+                                                                           "Gizmo Sida")
+    if origin == "resolved":
+        assert first.resolve(side, "tool").match_kind is TYPO  # recorded as a surface form
+    elif origin == "merged":
+        first.merge(new_id(first, side, "tool"), "K1")
+    else:
+        p = new_id(first, side, "tool", context_id="paper-1")
+        load(first, rec("K1", "Gizmotron", "tool", side))
+        assert first.get_entity(p).redirect_to == "K1"
+    load(first, rec("K1", "Gizmotron", "tool", side))
+    view = first.get_entity("K1")
+    assert side in view.aliases and side not in view.surface_forms
+    load(first, rec("K1", "Gizmotron", "tool"))
+    for svc in (first, make_service(origin.replace(" ", "-"))):
+        view = svc.get_entity("K1")
+        assert side in view.surface_forms and side not in view.aliases
+        r = svc.resolve(side, "tool", lookup_only=True)
+        assert (r.entity_id, r.match_kind, r.matched_name) == ("K1", EXACT, side)
+        assert svc.resolve(probe, "tool", lookup_only=True).match_kind is NEW  # no anchor
+
+
+def test_reimport_keeps_a_curators_alias_over_a_listed_surface_form(
+        service: IdentityService) -> None:
+    """A curator adding, as an alias, a surface form the authority lists as an alias makes it
+    the curator's: it stays an alias when the authority drops it."""
+    load(service, rec("K1", "Gizmotron", "tool"))
+    service.merge(new_id(service, "Gizmo Side", "tool"), "K1")
+    load(service, rec("K1", "Gizmotron", "tool", "Gizmo Side"))
+    service.add_alias("K1", "Gizmo Side")
+    load(service, rec("K1", "Gizmotron", "tool"))
+    view = service.get_entity("K1")
+    assert ("Gizmo Side" in view.aliases, "Gizmo Side" in view.surface_forms) == (True, False)
+
+
 @pytest.mark.parametrize("order", ["name-first", "typo-first"])
 def test_import_merges_do_not_depend_on_record_order(service: IdentityService,
                                                      order: str) -> None:

@@ -79,8 +79,10 @@ class ModelEntity:
     ordinal: int
     placeholder: bool = False
     merged_into: ModelEntity | None = None
-    # The aliases the authority gave (a re-import that no longer lists one retires it).
+    # The aliases the authority gave (a re-import that no longer lists one retires it), and
+    # those of them the entity held as surface forms (dropped, they are surface forms again).
     authority: set[str] = field(default_factory=set)
+    seen: set[str] = field(default_factory=set)
     # (display form, kind) with kind "name", "alias" or "surface", in matched_name order: the
     # name, aliases and surface forms, each kind in the order recorded.
     names: list[tuple[str, str]] = field(default_factory=list)
@@ -211,7 +213,9 @@ class Model:
         """SPEC section 3: re-importing an id replaces what the authority said (name, type,
         aliases); its previous name stays as an alias, and aliases added by curators or
         merges stay (as do surface forms). A name recorded in a new role goes after the names
-        already in that role; an alias the authority no longer lists is retired."""
+        already in that role; an alias the authority no longer lists is retired, or, when the
+        entity held it as a surface form before the authority listed it, a surface form again
+        ('nothing is ever deleted')."""
         e = self.entity(r["id"])
         name = display_form(r["name"])
         listed = [a for a in dict.fromkeys(display_form(x) for x in r["aliases"]) if a != name]
@@ -228,15 +232,23 @@ class Model:
         if old_name != name:
             assign(old_name, "alias")
             e.authority.discard(old_name)
-        for display in list(e.authority):
+            e.seen.discard(old_name)
+        for display in [n for n, kind in e.names if kind == "alias" and n in e.authority]:
             if display not in listed and display != name:
                 e.names.remove((display, "alias"))
+                if display in e.seen:
+                    e.add(display, "surface")
                 e.authority.discard(display)
+                e.seen.discard(display)
         assign(name, "name")
         e.authority.discard(name)
+        e.seen.discard(name)
         for a in listed:
-            if dict(e.names).get(a) != "alias":
+            held = dict(e.names).get(a)
+            if held != "alias":
                 e.authority.add(a)
+            if held == "surface":
+                e.seen.add(a)
             assign(a, "alias")
         e.entity_type = r["type"]
 
@@ -291,6 +303,9 @@ class Model:
                 target.add(display, "alias")
             elif held[display] == "alias" and becomes == "alias":
                 target.authority.discard(display)  # the merge's too: outlives the authority's
+                target.seen.discard(display)
+            elif held[display] == "alias" and display in target.authority:
+                target.seen.add(display)  # a surface form of the merge's, once dropped
         source.merged_into = target
 
         def moved(pairs: set[frozenset[str]]) -> set[frozenset[str]]:
@@ -370,6 +385,7 @@ class Model:
         kind = dict(e.names).get(display)
         if kind in ("name", "alias"):
             e.authority.discard(display)
+            e.seen.discard(display)
             return
         if kind == "surface":
             e.names.remove((display, "surface"))
