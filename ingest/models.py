@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, NamedTuple, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
@@ -54,6 +54,24 @@ def _limits() -> Limits:
 
 
 _STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+class LongInteger(float):
+    """An integer literal of more digits than Python turns into an int (4,300 by default,
+    `sys.get_int_max_str_digits`, a guard against quadratic conversion). It is valid JSON, so
+    it must cost only the item holding it: read as an infinity (no field takes one) that keeps
+    its text, so a check can say what was written and hashes see the digits."""
+
+    text: str
+
+    def __new__(cls, text: str) -> Self:
+        self = super().__new__(cls, "-inf" if text.startswith("-") else "inf")
+        self.text = text
+        return self
+
+    @property
+    def digits(self) -> int:
+        return len(self.text) - self.text.startswith("-")
+
 
 SpanList = Annotated[list[int], Field(min_length=2, max_length=2)]
 
@@ -129,6 +147,8 @@ def _id_text(value: Any) -> Any:
     value = integer_as_text(value)
     if value is None or isinstance(value, str):
         return value
+    if isinstance(value, LongInteger):
+        return value.text  # an integer too: as its text, which the length cap then judges
     if isinstance(value, bool):
         got = "a boolean"
     elif isinstance(value, float):
@@ -255,6 +275,9 @@ class RelationshipIn(BaseModel):
         if type(value) is int and not 0 <= value <= 1:
             shown = value if abs(value) < 10**12 else f"a {len(str(abs(value)))}-digit number"
             raise ValueError(f"confidence must be between 0 and 1, got {shown}")
+        if isinstance(value, LongInteger):  # pydantic reports ValueError, not TypeError
+            raise ValueError(  # noqa: TRY004
+                f"confidence must be between 0 and 1, got a {value.digits}-digit number")
         return value
 
     @field_validator("confidence")

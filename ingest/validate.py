@@ -11,7 +11,8 @@ import hashlib
 import json
 import json.encoder
 import logging
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -22,6 +23,7 @@ from ingest.models import (
     MAX_OFFSET,
     EvidenceIn,
     Limits,
+    LongInteger,
     MentionIn,
     PaperEnvelope,
     RelationshipIn,
@@ -88,8 +90,18 @@ def _read_stdlib(raw: RawLine, prefix: str) -> tuple[dict[str, Any], bytes, bool
     (False when it holds lone surrogates); or the line's reject, saying why it is no JSON
     object."""
     assert raw.data is not None
+    long_integers = False
+
+    def integer(text: str) -> int | float:
+        nonlocal long_integers
+        try:
+            return int(text)
+        except ValueError:  # more digits than Python converts: the item holding it is refused
+            long_integers = True
+            return LongInteger(text)
+
     try:
-        obj = json.loads(raw.data.decode("utf-8").removeprefix("\ufeff"))
+        obj = json.loads(raw.data.decode("utf-8").removeprefix("\ufeff"), parse_int=integer)
     except UnicodeDecodeError as e:
         return LineReject(raw.position, f"line is not valid UTF-8: {e}", _keep(prefix))
     except json.JSONDecodeError as e:
@@ -102,7 +114,7 @@ def _read_stdlib(raw: RawLine, prefix: str) -> tuple[dict[str, Any], bytes, bool
         return LineReject(
             raw.position, f"line must be a JSON object, got {_json_type(obj)}", _keep(prefix)
         )
-    canonical = _CANONICAL(obj)
+    canonical = _with_long_integers(_CANONICAL, obj) if long_integers else _CANONICAL(obj)
     try:
         return obj, canonical.encode("utf-8"), True
     except UnicodeEncodeError:  # lone surrogates: hashed as before, checked item by item
@@ -169,7 +181,32 @@ class LineReject:
 
 def canonical_json(value: Any) -> str:
     """A stable text form (sorted keys, no spaces) so hashes ignore formatting."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _with_long_integers(_CANONICAL, value)
+
+
+# Stands in for a LongInteger's digits while the encoder writes the rest (it would write an
+# infinity): a string no input holds, since it is drawn anew by each process.
+_LONG_INTEGER = f"long-integer-{secrets.token_hex(16)}-"
+
+
+def _with_long_integers(encode: Callable[[Any], str], value: Any) -> str:
+    """encode(value), with each LongInteger in it written as its digits (the JSON it was)."""
+    digits: list[str] = []
+
+    def stand_in(v: Any) -> Any:
+        if isinstance(v, LongInteger):
+            digits.append(v.text)
+            return f"{_LONG_INTEGER}{len(digits) - 1}"
+        if isinstance(v, dict):
+            return {k: stand_in(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [stand_in(x) for x in v]
+        return v
+
+    text = encode(stand_in(value))
+    for i, d in enumerate(digits):
+        text = text.replace(f'"{_LONG_INTEGER}{i}"', d, 1)
+    return text
 
 
 def _digest(*parts: str) -> str:
@@ -208,7 +245,10 @@ def _describe(error: ValidationError, where: str) -> str:
         if err["type"] == "missing":
             msg = "required field is missing"
         elif "input" in err and err["type"].endswith("_type"):
-            msg = f"{msg} (got {type(err['input']).__name__})"
+            given = err["input"]
+            got = (f"a {given.digits}-digit integer" if isinstance(given, LongInteger)
+                   else type(given).__name__)
+            msg = f"{msg} (got {got})"
         parts.append(f"{where}.{loc}: {msg}" if loc else f"{where}: {msg}")
     return "; ".join(dict.fromkeys(parts))
 

@@ -302,3 +302,29 @@ def test_lone_surrogates_reject_their_item_or_line_and_stay_storable() -> None:
     assert "paper_id" in line.reason and "lone surrogate" in line.reason
     assert line.paper_id is None
     line.raw.encode("utf-8")
+
+
+def test_an_integer_longer_than_python_converts_costs_only_its_item() -> None:
+    """An integer literal of more digits than Python turns into an int (4,300 by default, a
+    guard against quadratic conversion) is valid JSON: the item holding it is refused with
+    what was wrong, an unknown key holding one is ignored, and the rest of the paper is read."""
+    huge = "1" + "0" * 5000
+    good = json.dumps(paper()["relationships"][0])
+    line = json.dumps(paper(relationships=["@BAD@", "@GOOD@"], mentions=[
+        *paper()["mentions"], {"id": "m3", "text": "X", "type": "method", "span": "@SPAN@"},
+        {"id": "@ID@", "text": "Y", "type": "method"}]))
+    line = (line.replace('"@BAD@"', '{"subject": "m1", "predicate": "uses", "object": "m2", '
+                                    f'"confidence": {huge}}}')
+            .replace('"@GOOD@"', good).replace('"@SPAN@"', f"[0, -{huge}]")
+            .replace('"@ID@"', huge)
+            .replace('"paper_id"', f'"extra": {huge}, "paper_id"'))
+    p = parse(None, raw=line.encode())
+    assert isinstance(p, CheckedPaper)
+    assert [m.mention_id for m in p.mentions] == ["m1", "m2"]
+    assert [r.index for r in p.relationships] == [1]
+    reasons = {r.item: r.reason for r in p.rejects}
+    assert "between 0 and 1, got a 5001-digit number" in reasons["relationships[0]"]
+    assert "valid integer (got a 5001-digit integer)" in reasons["mentions[2]"]
+    assert "5001 characters long" in reasons["mentions[3]"]
+    again = parse(None, raw=line.replace(huge, huge + "0", 1).encode())
+    assert isinstance(again, CheckedPaper) and again.content_hash != p.content_hash
