@@ -468,7 +468,9 @@ class IdentityService:
         return _new_mention((display, self.config.vocabulary.for_mention(entity_type), entity_type, k))
 
     def _live(self, entity_id: str) -> Entity:
-        entity = self.index.live(_checked_id(entity_id)) if entity_id else None
+        if not entity_id:
+            raise InvalidArgument("entity id is empty")
+        entity = self.index.live(_checked_id(entity_id))
         if entity is None:
             raise EntityNotFound(f"no entity with id {entity_id!r}")
         return entity
@@ -775,9 +777,11 @@ class IdentityService:
         """One entity; with `max_surface_forms`, a page of its surface forms only (a
         much-mentioned entity has thousands, which a caller rarely wants all of)."""
         forms = _forms_page(max_surface_forms, surface_forms_offset)
+        if not entity_id:
+            raise InvalidArgument("entity id is empty")
 
         def work(tx: Tx) -> EntityView:
-            entity = self.index.get(_checked_id(entity_id)) if entity_id else None
+            entity = self.index.get(_checked_id(entity_id))
             if entity is None:
                 raise EntityNotFound(f"no entity with id {entity_id!r}")
             return self._view(tx, entity, forms)

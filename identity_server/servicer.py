@@ -177,7 +177,10 @@ class IdentityServicer:
         presented = given.encode() if isinstance(given, str) else given
         if not presented:
             raise Unauthenticated("admin RPC needs metadata 'authorization: Bearer <admin token>'")
-        if not hmac.compare_digest(presented, f"Bearer {self.admin_token}".encode()):
+        scheme, _, token = presented.partition(b" ")
+        # The scheme is case-insensitive (RFC 9110, 11.1); the token is compared in constant time.
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(
+                token, self.admin_token.encode()):
             raise Unauthenticated("admin RPC: the 'authorization' metadata is not 'Bearer ' "
                                   "followed by this server's admin token")
 

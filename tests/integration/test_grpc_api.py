@@ -421,6 +421,27 @@ def test_get_entity_unknown_id_is_not_found(stub: Stub) -> None:
     assert fails(lambda: get(stub, "no-such-id")).code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_an_empty_entity_id_is_an_invalid_argument(stub: Stub) -> None:
+    for call in (lambda: get(stub, ""), lambda: promote(stub, ""),
+                 lambda: merge(stub, "", "no-such-id")):
+        err = fails(call)
+        assert (err.code(), err.details()) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                               "entity id is empty")
+
+
+def test_the_admin_tokens_scheme_is_case_insensitive(stub: Stub) -> None:
+    """RFC 9110: 'bearer' and 'BEARER' are the same scheme; the token itself is exact."""
+    made = resolve(stub, "Open Door", "tool").entity_id
+    for scheme in ("bearer", "BEARER"):
+        metadata = (("authorization", f"{scheme} {ADMIN_TOKEN}"),)
+        assert stub.Promote(pb.PromoteRequest(entity_id=made), metadata=metadata,
+                            timeout=T).entity.status == pb.CANONICAL
+    wrong_case = (("authorization", f"Bearer {ADMIN_TOKEN.upper()}"),)
+    err = fails(lambda: stub.Promote(pb.PromoteRequest(entity_id=made), metadata=wrong_case,
+                                     timeout=T))
+    assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_get_entity_on_a_merged_id_redirects_to_the_end_of_the_chain(stub: Stub) -> None:
     a = resolve(stub, "Graph Alpha", "tool", context_id="paper-1").entity_id
     b = resolve(stub, "Graph Beta", "tool", context_id="paper-2").entity_id
