@@ -1019,8 +1019,10 @@ class IdentityService:
             raise InvalidArgument(f"id {entity_id!r} belongs to a provisional entity")
         entity_type = self.config.vocabulary.for_authority(rec.entity_type)
         name = display_form(rec.name)
-        if not name or not key(name):
+        if not name:
             raise InvalidArgument("empty name")
+        if not key(name):
+            raise InvalidArgument(f"name {name!r} has no letters, digits or symbols")
         if len(name) > self.config.max_mention_length:
             raise InvalidArgument(f"name longer than {self.config.max_mention_length}")
         aliases = [a for a in (display_form(x) for x in rec.aliases) if a and key(a)]

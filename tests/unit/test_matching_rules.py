@@ -1198,6 +1198,12 @@ def test_import_refuses_bad_records_with_line_numbers(service: IdentityService) 
             service.get_entity(refused)
 
 
+def test_import_says_why_a_name_is_refused(service: IdentityService) -> None:
+    report = service.import_lines([rec("R1", "  ", "tool"), rec("R2", "?!", "tool")])
+    assert [(e.line, e.message) for e in report.errors] == [
+        (1, "empty name"), (2, "name '?!' has no letters, digits or symbols")]
+
+
 def test_import_csv_line_numbers(service: IdentityService) -> None:
     """Authority files may be 'CSV with a header: id, name, type, aliases, the CSV's aliases
     separated by |'; refusals carry the line number."""
