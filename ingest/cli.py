@@ -277,8 +277,9 @@ def cmd_stats(settings: Settings, top: int) -> int:
             f"({one('SELECT count(*) FROM papers')} revisions)"),
             f"mentions:        {one('SELECT count(*) FROM mentions WHERE is_current')}",
             (f"relationships:   {one('SELECT count(*) FROM relationships WHERE valid_to IS NULL')}"
-            f" open, {one('SELECT count(*) FROM relationships WHERE valid_to IS NOT NULL')}"
-            " closed"),
+            f" open ({one('SELECT count(*) FROM graph_edges')} in graph_edges: not those a "
+            "merge made self-loops), "
+            f"{one('SELECT count(*) FROM relationships WHERE valid_to IS NOT NULL')} closed"),
             f"entities:        {one('SELECT count(*) FROM entities')}",
             f"rejects:         {one('SELECT count(*) FROM rejects')}",
             (f"redirects:       {one('SELECT count(*) FROM redirects')} "

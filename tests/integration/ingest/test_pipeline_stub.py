@@ -13,6 +13,7 @@ import duckdb
 import grpc
 import pytest
 
+from ingest.cli import main
 from ingest.client import IdentityClient, IdentityError, RetryPolicy, ServerUnavailable
 from ingest.models import Limits
 from ingest.pipeline import JobError, JobOptions, Summary, run_job, sync_redirects
@@ -378,7 +379,8 @@ def test_merge_on_the_server_shows_through_the_views_after_sync(
 
 
 def test_an_edge_whose_ends_a_merge_joined_leaves_the_current_graph(
-        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path]) -> None:
+        tmp_path: Path, stub: StubServer, jsonl: Callable[..., Path],
+        capsys: pytest.CaptureFixture[str]) -> None:
     paper = {"paper_id": "p1",
              "mentions": [{"id": "m1", "text": "BERT-base", "type": "method"},
                           {"id": "m2", "text": "BERT", "type": "method"},
@@ -402,6 +404,9 @@ def test_an_edge_whose_ends_a_merge_joined_leaves_the_current_graph(
                     "'extends'") == [(base, bert)]
     assert rows(db, "SELECT resolved_subject_id, resolved_object_id, valid_to IS NULL FROM "
                     "relationships_resolved WHERE predicate = 'extends'") == [(bert, bert, True)]
+    assert main(["stats", "--db", str(db)]) == 0
+    assert ("relationships:   2 open (1 in graph_edges: not those a merge made self-loops), "
+            "0 closed") in capsys.readouterr().out
 
 
 def test_memory_does_not_grow_with_the_batch(
