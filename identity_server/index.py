@@ -12,10 +12,11 @@ in the background, once enough anchors have been filed since (`begin_typo_pack`)
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.multimap import MultiMap, add, remove, values
+from identity_server.normalize import key
 from identity_server.typo_table import DeletionVariantTable, OverlayPack, variant_hashes
 
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
@@ -55,6 +56,12 @@ class NameIndex:
         # candidate of a pair at rule 4 (a hash shared by two strings only adds a placeholder to
         # check). Hashes, not strings: a new entity's key was hashed by the lookup that missed.
         self._placeholder_variants: dict[int, str | set[str]] = {}
+        # Placeholders merged away, by id: their pair's display form. A pair's placeholder stays
+        # the pair's when merged (its resolves follow the redirect), so its pair is still filed
+        # above and in the table below, and candidates that appear later are linked to the
+        # entity it redirects to.
+        self._merged_pairs: dict[str, str] = {}
+        self._merged_pair_ids: MultiMap = {}  # the key of such a pair -> the placeholders' ids
         # The name keys before and after of the latest puts and discards, one entry a
         # generation (keys, not names: a much-mentioned entity has thousands of names and few keys).
         self._journal: deque[tuple[Collection[str], Collection[str]]] = deque(
@@ -102,16 +109,20 @@ class NameIndex:
         return entity
 
     def placeholders_near(self, entity: Entity, *, by_typo: bool = True) -> list[Entity]:
-        """Live placeholders (other than entity) whose pair entity may now be a candidate of:
-        one of entity's names shares a key with one of theirs (rules 1 to 3), or, by_typo, one
-        of its anchors shares a deletion variant with the pair's key (rule 4). A superset;
-        nothing to look up when there are no placeholders."""
+        """Placeholders (other than entity; live ones, and merged ones whose pair is known)
+        whose pair entity may now be a candidate of: one of entity's names shares a key with
+        one of theirs or with their pair's (rules 1 to 3), or, by_typo, one of its anchors
+        shares a deletion variant with the pair's key (rule 4). A superset; nothing to look up
+        when there are no placeholders."""
         held = self._placeholder_keys
         if not held:
             return []
         found: dict[str, Entity] = {}
+        merged = self._merged_pair_ids
         for k in [k for k in entity.name_keys() if k in held]:
             self._collect_placeholders(values(self._by_key, k), entity.entity_id, found)
+            if merged:
+                self._collect_placeholders(values(merged, k), entity.entity_id, found)
         near = self._placeholder_variants
         if by_typo and near:
             for k in anchor_keys(entity.names):
@@ -124,9 +135,37 @@ class NameIndex:
                               found: dict[str, Entity]) -> None:
         for pid in ids:
             p = self._entities.get(pid)
-            if (p is not None and p.placeholder and p.status is not Status.MERGED
-                    and pid != besides):
+            if (p is not None and p.placeholder and pid != besides
+                    and (p.status is not Status.MERGED or pid in self._merged_pairs)):
                 found[pid] = p
+
+    def pair_display(self, placeholder: Entity) -> str:
+        """The display form of a placeholder's (display form, type) pair: its name, or, merged
+        away, the name it had."""
+        if placeholder.status is Status.MERGED:
+            return self._merged_pairs.get(placeholder.entity_id, "")
+        return placeholder.name
+
+    def note_merged_placeholders(self, pairs: Mapping[str, str]) -> None:
+        """Learn the pairs (placeholder id -> display form, from the store) of placeholders
+        that were merged away where this index did not see them live: at start-up, or by
+        another process."""
+        for eid, display in pairs.items():
+            entity = self._entities.get(eid)
+            if (entity is not None and entity.placeholder and entity.status is Status.MERGED
+                    and eid not in self._merged_pairs):
+                self._merged_pairs[eid] = display
+                self._file_placeholder(entity, 1)
+
+    def merged_placeholders_unpaired(self, ids: Iterable[str]) -> list[str]:
+        """Those of ids that are merged placeholders whose pair this index does not know."""
+        out = []
+        for eid in ids:
+            e = self._entities.get(eid)
+            if (e is not None and e.placeholder and e.status is Status.MERGED
+                    and eid not in self._merged_pairs):
+                out.append(eid)
+        return out
 
     def with_key(self, k: str) -> Collection[str]:
         """Ids of the live entities with a name, alias or surface form whose key is k."""
@@ -158,6 +197,9 @@ class NameIndex:
         self._entities[eid] = entity
         if entity.placeholder or (old is not None and old.placeholder):
             self._file_placeholder(old, -1)
+            if (old is not None and old.placeholder and old.status is not _MERGED
+                    and entity.status is _MERGED and old.name):
+                self._merged_pairs[eid] = old.name  # merged away: still its pair's
             self._file_placeholder(entity, 1)
         live = entity.status is not _MERGED
         after = entity.names if live else ()
@@ -224,6 +266,7 @@ class NameIndex:
         self._generation += 1
         old = self._entities.pop(entity_id, None)
         self._file_placeholder(old, -1)
+        self._merged_pairs.pop(entity_id, None)
         if old is not None and old.status is not Status.MERGED:
             self._reindex(entity_id, old.names, ())
             self._journal.append((old.name_keys(), ()))
@@ -231,22 +274,33 @@ class NameIndex:
             self._journal.append(((), ()))
 
     def _file_placeholder(self, entity: Entity | None, step: int) -> None:
-        """Count a live placeholder's keys in (step 1) or out (step -1), and file or unfile the
-        deletion variants of its pair's key."""
-        if entity is None or not entity.placeholder or entity.status is Status.MERGED:
+        """Count a placeholder's keys in (step 1) or out (step -1), and file or unfile the
+        deletion variants of its pair's key: a live one's names, a merged one's pair (when
+        known; a merged entity has no names of its own)."""
+        if entity is None or not entity.placeholder:
             return
+        file = add if step > 0 else remove
+        if entity.status is Status.MERGED:
+            display = self._merged_pairs.get(entity.entity_id)
+            if display is None:
+                return
+            pair_key = key(display)
+            keys: Collection[str] = (pair_key,)
+            file(self._merged_pair_ids, pair_key, entity.entity_id)
+        else:
+            keys = {n.key for n in entity.names}
+            pair = next((n for n in entity.names if n.kind is NameKind.NAME), None)
+            pair_key = pair.key if pair is not None else ""
         held = self._placeholder_keys
-        for k in {n.key for n in entity.names}:
+        for k in keys:
             count = held.get(k, 0) + step
             if count > 0:
                 held[k] = count
             else:
                 held.pop(k, None)
-        pair = next((n for n in entity.names if n.kind is NameKind.NAME), None)
-        if pair is None or len(pair.key) < MIN_TYPO_KEY:
+        if len(pair_key) < MIN_TYPO_KEY:
             return
-        file = add if step > 0 else remove
-        for variant in set(variant_hashes(pair.key)):  # equal variants have equal hashes
+        for variant in set(variant_hashes(pair_key)):  # equal variants have equal hashes
             file(self._placeholder_variants, variant, entity.entity_id)
 
     def _reindex(self, eid: str, before: tuple[Name, ...], after: tuple[Name, ...], *,

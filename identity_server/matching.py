@@ -151,11 +151,13 @@ def still_stands(d: Decision, k: str, changed: Iterable[Collection[str]]) -> boo
     return True
 
 
-def pair_candidates(index: IndexView, placeholder: Entity) -> tuple[Candidate, ...]:
+def pair_candidates(index: IndexView, placeholder: Entity,
+                    display: str) -> tuple[Candidate, ...]:
     """The best-ranked candidates of a placeholder's (display form, type) pair, decided as if
     the placeholder did not exist (once it does, the pair usually finds it alone at rule 1):
-    what the placeholder is to be linked to, candidates that appeared since included."""
-    d = decide(_Without(index, placeholder.entity_id), placeholder.name, placeholder.entity_type)
+    what the placeholder is to be linked to, candidates that appeared since included.
+    `display`: the pair's display form (a placeholder merged away has no name of its own)."""
+    d = decide(_Without(index, placeholder.entity_id), display, placeholder.entity_type)
     return d.best if d.outcome in (Outcome.AMBIGUOUS, Outcome.CONVERGED) else ()
 
 

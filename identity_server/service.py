@@ -237,6 +237,7 @@ class IdentityService:
                 self._seq = tx.max_seq()
                 self.index = NameIndex()
                 self.index.load(tx.iter_all_entities())
+                self.index.note_merged_placeholders(tx.merged_placeholder_pairs())
         finally:
             gc.freeze()  # the index lives as long as the process: keep it out of later collections
             if collecting:
@@ -266,6 +267,9 @@ class IdentityService:
                 self.index.discard(eid)
             else:
                 self.index.put(entity)
+        unpaired = self.index.merged_placeholders_unpaired(wanted)
+        if unpaired:  # merged away before this process saw them live
+            self.index.note_merged_placeholders(tx.merged_placeholder_pairs(unpaired))
 
     @contextmanager
     def _changing_index(self) -> Iterator[None]:
@@ -317,7 +321,8 @@ class IdentityService:
         best. Each placeholder it meets (or met, by the names it lost), by a shared key (rules
         1-3) or by a name or alias one edit from the pair's key (rule 4; a surface form is never
         a typo anchor), has its pair decided again without itself and is linked to the best (a
-        pair a curator settled stays settled)."""
+        pair a curator settled stays settled); a placeholder merged away, whose pair's resolves
+        follow its redirect, through the entity it redirects to."""
         checked: set[str] = set()
         index = self.index
         touched, u.touched_since_linking = u.touched_since_linking, {}
@@ -334,8 +339,14 @@ class IdentityService:
             for placeholder in near:
                 if placeholder.entity_id not in checked:
                     checked.add(placeholder.entity_id)
-                    for c in pair_candidates(index, placeholder):
-                        u.link(placeholder.entity_id, c.entity.entity_id)
+                    # A placeholder merged away is still its pair's: linked through its redirect.
+                    owner = (placeholder if placeholder.status is not _MERGED
+                             else index.live(placeholder.entity_id))
+                    if owner is None:
+                        continue
+                    display = index.pair_display(placeholder)
+                    for c in pair_candidates(index, placeholder, display):
+                        u.link(owner.entity_id, c.entity.entity_id)
 
     def _schedule_typo_pack(self) -> None:
         """Start packing the typo overlay in the background when enough anchors wait in it

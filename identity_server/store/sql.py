@@ -854,6 +854,21 @@ class Tx:
     def insert_placeholder(self, display: str, entity_type: str, entity_id: str) -> None:
         self._driver_many(self._sql.insert_placeholder, [(display, entity_type, entity_id)])
 
+    def merged_placeholder_pairs(self, ids: Iterable[str] | None = None) -> dict[str, str]:
+        """placeholder id -> its pair's display form, for the placeholders merged away (all of
+        them, or those among ids)."""
+        p, e = t.placeholders, t.entities
+        query = (select(p.c.entity_id, p.c.display)
+                 .join(e, e.c.entity_id == p.c.entity_id)
+                 .where(e.c.status == Status.MERGED.value))
+        if ids is None:
+            return {r.entity_id: r.display for r in self.conn.execute(query)}
+        out: dict[str, str] = {}
+        for chunk in _chunks(list(ids), 500):
+            rows = self.conn.execute(query.where(p.c.entity_id.in_(chunk)))
+            out.update((r.entity_id, r.display) for r in rows)
+        return out
+
     # -- links ---------------------------------------------------------------------------------
 
     def link(self, x: str, y: str) -> LinkRow | None:

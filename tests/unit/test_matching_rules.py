@@ -490,6 +490,38 @@ def test_ambiguous_resolve_follows_placeholder_redirect(service: IdentityService
     assert r.candidates == ("J1", "J2")
 
 
+@pytest.mark.parametrize("appears", ["imported", "alias added"])
+@pytest.mark.parametrize("where", ["same server", "server started after the merge",
+                                   "server that never saw it live"])
+def test_a_merged_placeholder_is_linked_to_later_candidates_through_its_redirect(
+        make_service: Callable[..., IdentityService], appears: str, where: str) -> None:
+    """A placeholder a curator settled as the same as one candidate is still its pair's (the
+    pair's resolves follow its redirect), so a candidate that appears later is linked to the
+    entity it redirects to as it appears ('links ... read through redirects'), with no further
+    resolve of the pair; also in a server whose index was built from the store after the
+    merge, or before the placeholder was made (it reads both from the store)."""
+    first = make_service("merged-placeholder")
+    load(first, rec("J1", "John Smith", "person"), rec("J2", "John Smith", "person"),
+         rec("J3", "Jon Smyth", "person"))
+    svc = make_service("merged-placeholder") if where == "server that never saw it live" \
+        else first
+    ph = first.resolve("John Smith", "person").entity_id
+    first.settle(ph, "J1", "same", actor="curator", reason="it was him")
+    assert links(first) == {pair("J1", "J2")}
+    if where == "server started after the merge":
+        svc = make_service("merged-placeholder")
+    if appears == "imported":
+        load(svc, rec("J4", "John Smith", "person"))
+        later = "J4"
+    else:
+        svc.add_alias("J3", "John Smith")
+        later = "J3"
+    assert links(svc) == {pair("J1", "J2"), pair("J1", later)}
+    r = svc.resolve("John Smith", "person")
+    assert (r.entity_id, r.match_kind, set(r.possibly_same_as)) == ("J1", AMBIG, {"J2", later})
+    assert links(svc) == {pair("J1", "J2"), pair("J1", later)}
+
+
 def test_placeholder_type_and_exact_type_compatibility(service: IdentityService) -> None:
     """'The placeholder has the pair's type'; 'a placeholder ... is compatible only with mentions
     of exactly its own type' - even a placeholder typed `other`."""

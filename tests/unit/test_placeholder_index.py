@@ -9,7 +9,8 @@ entities and placeholders sharing keys, names added, merges, discards - are chec
 step against a scan: every placeholder an entity shares a key with (rules 1 to 3), or whose pair
 key is one edit from one of its name or alias keys with both 6 characters or more (rule 4's
 strong candidates: a weak one never makes or joins an ambiguous pair), must be among those
-returned.
+returned. A placeholder merged away is still its pair's (its pair's resolves follow the
+redirect), so it is found by its pair's key.
 """
 
 from __future__ import annotations
@@ -43,29 +44,43 @@ def _live(index: NameIndex) -> list[Entity]:
     return [e for e in index.entities() if e.status is not Status.MERGED]
 
 
-def _expected(index: NameIndex, entity: Entity, *, by_typo: bool) -> set[str]:
-    """Live placeholders, other than entity, it may be a candidate of, found by scanning."""
+def _placeholders(index: NameIndex, pairs: dict[str, str]) -> dict[str, set[str]]:
+    """Every placeholder in the index, live or merged away, with the keys it is found by: a
+    live one's names, a merged one's pair (`pairs`: each placeholder's name when made)."""
+    return {p.entity_id: ({n.key for n in p.names} if p.status is not Status.MERGED
+                          else {key(pairs[p.entity_id])})
+            for p in index.entities() if p.placeholder}
+
+
+def _expected(index: NameIndex, pairs: dict[str, str], entity: Entity, *,
+              by_typo: bool) -> set[str]:
+    """Placeholders, other than entity, it may be a candidate of, found by scanning."""
     found = set()
-    for p in _live(index):
-        if not p.placeholder or p.entity_id == entity.entity_id:
+    for pid, keys in _placeholders(index, pairs).items():
+        if pid == entity.entity_id:
             continue
-        if {n.key for n in entity.names} & {n.key for n in p.names}:
-            found.add(p.entity_id)
+        p = index.get(pid)
+        assert p is not None
+        if {n.key for n in entity.names} & keys:
+            found.add(pid)
         elif by_typo:
-            pair = _pair_key(p)
+            pair = _pair_key(p) if p.status is not Status.MERGED else next(iter(keys))
             if any(min(len(a), len(pair)) >= STRONG_TYPO_KEY and one_edit_apart(a, pair)
                    for a in _anchor_keys(entity)):
                 found.add(p.entity_id)
     return found
 
 
-def _step(rng: random.Random, index: NameIndex, next_ordinal: int) -> int:
-    """One random write; returns the next free ordinal."""
+def _step(rng: random.Random, index: NameIndex, pairs: dict[str, str], next_ordinal: int) -> int:
+    """One random write (a placeholder made is noted in `pairs`); returns the next free
+    ordinal."""
     live = _live(index)
     action = rng.random() if live else 0.0
     if action < 0.4:  # a new entity, often a placeholder
         display = rng.choice(SPELLINGS)
         placeholder = rng.random() < 0.5
+        if placeholder:
+            pairs[f"e{next_ordinal}"] = display
         index.put(Entity(f"e{next_ordinal}", rng.choice(TYPES), Status.PROVISIONAL
                          if placeholder or rng.random() < 0.5 else Status.CANONICAL,
                          next_ordinal, placeholder=placeholder,
@@ -94,16 +109,20 @@ def test_placeholders_near_finds_every_placeholder_an_entity_may_be_a_candidate_
 ) -> None:
     rng = random.Random(seed)
     index = NameIndex()
+    pairs: dict[str, str] = {}
     ordinal = 1
     for _ in range(60):
-        ordinal = _step(rng, index, ordinal)
+        ordinal = _step(rng, index, pairs, ordinal)
+        for p in index.entities():
+            if p.placeholder:
+                assert index.pair_display(p) == pairs[p.entity_id]
         for entity in _live(index):
             for by_typo in (False, True):
                 got = index.placeholders_near(entity, by_typo=by_typo)
                 ids = {p.entity_id for p in got}
-                assert _expected(index, entity, by_typo=by_typo) <= ids, (seed, entity, by_typo)
-                assert all(p.placeholder and p.status is not Status.MERGED
-                           and p.entity_id != entity.entity_id for p in got)
+                expected = _expected(index, pairs, entity, by_typo=by_typo)
+                assert expected <= ids, (seed, entity, by_typo)
+                assert all(p.placeholder and p.entity_id != entity.entity_id for p in got)
 
 
 def test_the_scan_sees_what_the_rules_do() -> None:

@@ -471,14 +471,14 @@ class Model:
 
     def _link_placeholders_to_later_candidates(self) -> None:
         """Each placeholder is linked to every best-ranked candidate of its pair, decided as if
-        it were not there, 'including candidates that appear later'."""
+        it were not there, 'including candidates that appear later'; one merged away, whose
+        pair's resolves follow its redirect, through the entity it redirects to (links are
+        'read through redirects')."""
         for (display, t), p in self.placeholders.items():
-            if p.merged_into is not None:
-                continue
             how, _, _, best, _ = self.decide(display, t, without=p)
             if how in ("converged", "ambiguous"):
                 for other in best:
-                    self._link(p, other)
+                    self._link(self.live(p), other)
 
 
 # -- the comparison ---------------------------------------------------------------------------
