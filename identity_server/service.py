@@ -61,6 +61,9 @@ _MERGED, _PROVISIONAL = Status.MERGED, Status.PROVISIONAL
 _SURFACE, _EXACT = NameKind.SURFACE, Rule.EXACT
 
 IMPORT_CHUNK = 1000
+# An import collects its merge targets again after merging, in case a change landed meanwhile;
+# so many passes at most (each needs a change landing during the one before).
+MAX_IMPORT_MERGE_PASSES = 16
 MAX_ID_LENGTH = 512  # entity ids and context (paper) ids
 MAX_TYPE_LENGTH = 128  # a mention's type as given (kept with the evidence)
 MAX_ACTOR_LENGTH = 512
@@ -977,17 +980,32 @@ class IdentityService:
     def _merge_imported(self, keys: dict[str, None], counts: dict[str, int]) -> None:
         """The import merges, decided for each provisional entity over every key the import
         brought, so that the outcome does not depend on the order of records or keys: one
-        compatible canonical target in all merges it, several link it to each."""
-        targets: dict[str, set[str]] = {}
+        compatible canonical target in all merges it, several link it to each.
+
+        Targets are collected a part at a time (resolves go on between parts), then merged in
+        write transactions. A change that lands in between (a merge moving a spelling with one
+        of the keys onto another provisional entity) is caught by collecting again after the
+        merges, until a collection finds nothing not yet handled: the outcome is then the one
+        of that change made before the import."""
         pending = list(keys)
-        for i in range(0, len(pending), IMPORT_CHUNK):
-            with self._lock:  # a part at a time: resolves go on between parts
-                self._settle()
-                self._collect_import_targets(pending[i : i + IMPORT_CHUNK], targets)
-        found = list(targets)
-        for i in range(0, len(found), IMPORT_CHUNK):
-            part = found[i : i + IMPORT_CHUNK]
-            self._write(lambda u, part=part: self._import_merges(u, part, targets, counts))  # type: ignore[misc]
+        handled: dict[str, frozenset[str]] = {}  # provisional id -> the targets it was given
+        linked: set[str] = set()
+        for _ in range(MAX_IMPORT_MERGE_PASSES):
+            targets: dict[str, set[str]] = {}
+            for i in range(0, len(pending), IMPORT_CHUNK):
+                with self._lock:  # a part at a time: resolves go on between parts
+                    self._settle()
+                    self._collect_import_targets(pending[i : i + IMPORT_CHUNK], targets)
+            found = [pid for pid, t in targets.items() if handled.get(pid) != frozenset(t)]
+            if not found:
+                return
+            for i in range(0, len(found), IMPORT_CHUNK):
+                part = found[i : i + IMPORT_CHUNK]
+                self._write(lambda u, part=part, targets=targets: (  # type: ignore[misc]
+                    self._import_merges(u, part, targets, counts, linked)))
+            handled.update((pid, frozenset(targets[pid])) for pid in found)
+        logger.warning("import merges: changes kept landing while they were made; stopped "
+                       "after %d passes", MAX_IMPORT_MERGE_PASSES)
 
     def _import_chunk(self, u: Unit, records: list[AuthorityRecord], counts: dict[str, int],
                       keys: dict[str, None], errors: list[RecordError]) -> None:
@@ -1056,7 +1074,7 @@ class IdentityService:
                         targets.setdefault(p.entity_id, set()).update(found)
 
     def _import_merges(self, u: Unit, provisional: list[str], targets: dict[str, set[str]],
-                       counts: dict[str, int]) -> None:
+                       counts: dict[str, int], linked_ids: set[str]) -> None:
         """Merge each provisional entity into its one target, or link it to each of several;
         what changed since the targets were collected (a merge, a promotion) is read again."""
         entities = (self.index.get(pid) for pid in provisional)
@@ -1073,7 +1091,9 @@ class IdentityService:
                 counts["merged"] += 1
             elif len(found) > 1:
                 linked = [c for c in found if u.link(pid, c.entity_id)]
-                counts["linked"] += bool(linked)
+                if linked and pid not in linked_ids:  # counted once, however many passes
+                    linked_ids.add(pid)
+                    counts["linked"] += 1
 
 
 def _forms_page(max_surface_forms: int | None, offset: int = 0) -> slice:

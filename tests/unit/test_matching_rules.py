@@ -1189,6 +1189,34 @@ def test_reimport_keeps_a_curators_alias_over_a_listed_surface_form(
     assert ("Gizmo Side" in view.aliases, "Gizmo Side" in view.surface_forms) == (True, False)
 
 
+def test_an_import_merges_what_a_merge_gave_a_key_while_it_collected_its_targets(
+        service: IdentityService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merge (an admin's, or a curator's SAME) that gives a provisional entity one of the
+    import's keys after the import has collected its merge targets, and before it merges them,
+    is seen: the outcome is the one the order 'the merge, then the import' gives (the import
+    merges the target, which holds the key now). The other order ('the import, then the
+    merge') would have refused the merge: a canonical entity into a provisional one."""
+    p = new_id(service, "Sprocket Name", "tool")
+    q = new_id(service, "Gadget Label", "tool")
+    collect = IdentityService._collect_import_targets
+    landed: list[str] = []
+
+    def collect_then_merge(self: IdentityService, keys: list[str],
+                           targets: dict[str, set[str]]) -> None:
+        collect(self, keys, targets)
+        if not landed:  # between the import's collection and its merges
+            landed.append(self.merge(p, q).entity_id)
+
+    monkeypatch.setattr(IdentityService, "_collect_import_targets", collect_then_merge)
+    report = service.import_lines([rec("S1", "Sprocket Name", "tool")])
+    assert landed == [q]
+    assert report.merged == 1
+    assert service.get_entity(q).redirect_to == "S1"
+    assert service.get_entity(p).redirect_to == "S1"
+    r = service.resolve("Sprocket-Name", "tool", lookup_only=True)
+    assert (r.entity_id, r.candidates) == ("S1", ("S1",))
+
+
 @pytest.mark.parametrize("order", ["name-first", "typo-first"])
 def test_import_merges_do_not_depend_on_record_order(service: IdentityService,
                                                      order: str) -> None:
