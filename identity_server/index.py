@@ -151,21 +151,22 @@ class NameIndex:
         that were merged away where this index did not see them live: at start-up, or by
         another process."""
         for eid, display in pairs.items():
-            entity = self._entities.get(eid)
-            if (entity is not None and entity.placeholder and entity.status is Status.MERGED
-                    and eid not in self._merged_pairs):
+            entity = self._unpaired(eid)
+            if entity is not None:
                 self._merged_pairs[eid] = display
                 self._file_placeholder(entity, 1)
 
     def merged_placeholders_unpaired(self, ids: Iterable[str]) -> list[str]:
         """Those of ids that are merged placeholders whose pair this index does not know."""
-        out = []
-        for eid in ids:
-            e = self._entities.get(eid)
-            if (e is not None and e.placeholder and e.status is Status.MERGED
-                    and eid not in self._merged_pairs):
-                out.append(eid)
-        return out
+        return [eid for eid in ids if self._unpaired(eid) is not None]
+
+    def _unpaired(self, eid: str) -> Entity | None:
+        """eid's entity when it is a placeholder merged away whose pair this index lacks."""
+        e = self._entities.get(eid)
+        if (e is not None and e.placeholder and e.status is Status.MERGED
+                and eid not in self._merged_pairs):
+            return e
+        return None
 
     def with_key(self, k: str) -> Collection[str]:
         """Ids of the live entities with a name, alias or surface form whose key is k."""

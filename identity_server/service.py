@@ -482,9 +482,7 @@ class IdentityService:
         return _new_mention((display, self.config.vocabulary.for_mention(entity_type), entity_type, k))
 
     def _live(self, entity_id: str) -> Entity:
-        if not entity_id:
-            raise InvalidArgument("entity id is empty")
-        entity = self.index.live(_checked_id(entity_id))
+        entity = self.index.live(_checked_entity_id(entity_id))
         if entity is None:
             raise EntityNotFound(f"no entity with id {entity_id!r}")
         return entity
@@ -791,11 +789,10 @@ class IdentityService:
         """One entity; with `max_surface_forms`, a page of its surface forms only (a
         much-mentioned entity has thousands, which a caller rarely wants all of)."""
         forms = _forms_page(max_surface_forms, surface_forms_offset)
-        if not entity_id:
-            raise InvalidArgument("entity id is empty")
+        _checked_entity_id(entity_id)
 
         def work(tx: Tx) -> EntityView:
-            entity = self.index.get(_checked_id(entity_id))
+            entity = self.index.get(entity_id)
             if entity is None:
                 raise EntityNotFound(f"no entity with id {entity_id!r}")
             return self._view(tx, entity, forms)
@@ -1114,6 +1111,13 @@ def _checked_id(value: str, what: str = "id") -> str:
         raise InvalidArgument(f"{what} is {len(value)} characters long; the limit is "
                               f"{MAX_ID_LENGTH} ({value[:40]!r}...)")
     return value
+
+
+def _checked_entity_id(value: str) -> str:
+    """An entity id a caller named: `_checked_id`, and never empty (no entity has that id)."""
+    if not value:
+        raise InvalidArgument("entity id is empty")
+    return _checked_id(value)
 
 
 def _lost_names(before: Entity, after: Entity | None) -> bool:

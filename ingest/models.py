@@ -55,6 +55,7 @@ def _limits() -> Limits:
 
 _STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)
 
+
 class LongInteger(float):
     """An integer literal of more digits than Python turns into an int (4,300 by default,
     `sys.get_int_max_str_digits`, a guard against quadratic conversion). It is valid JSON, so

@@ -12,7 +12,7 @@ import json
 import json.encoder
 import logging
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -114,7 +114,7 @@ def _read_stdlib(raw: RawLine, prefix: str) -> tuple[dict[str, Any], bytes, bool
         return LineReject(
             raw.position, f"line must be a JSON object, got {_json_type(obj)}", _keep(prefix)
         )
-    canonical = _with_long_integers(_CANONICAL, obj) if long_integers else _CANONICAL(obj)
+    canonical = _with_long_integers(obj) if long_integers else _CANONICAL(obj)
     try:
         return obj, canonical.encode("utf-8"), True
     except UnicodeEncodeError:  # lone surrogates: hashed as before, checked item by item
@@ -181,7 +181,7 @@ class LineReject:
 
 def canonical_json(value: Any) -> str:
     """A stable text form (sorted keys, no spaces) so hashes ignore formatting."""
-    return _with_long_integers(_CANONICAL, value)
+    return _with_long_integers(value)
 
 
 # Stands in for a LongInteger's digits while the encoder writes the rest (it would write an
@@ -189,8 +189,8 @@ def canonical_json(value: Any) -> str:
 _LONG_INTEGER = f"long-integer-{secrets.token_hex(16)}-"
 
 
-def _with_long_integers(encode: Callable[[Any], str], value: Any) -> str:
-    """encode(value), with each LongInteger in it written as its digits (the JSON it was)."""
+def _with_long_integers(value: Any) -> str:
+    """_CANONICAL(value), with each LongInteger in it written as its digits (the JSON it was)."""
     digits: list[str] = []
 
     def stand_in(v: Any) -> Any:
@@ -203,7 +203,7 @@ def _with_long_integers(encode: Callable[[Any], str], value: Any) -> str:
             return [stand_in(x) for x in v]
         return v
 
-    text = encode(stand_in(value))
+    text = _CANONICAL(stand_in(value))
     for i, d in enumerate(digits):
         text = text.replace(f'"{_LONG_INTEGER}{i}"', d, 1)
     return text
