@@ -522,6 +522,7 @@ def _fast_paper(
             if not 0 <= confidence <= 1:  # also false for NaN
                 return None
             confidence = float(confidence)
+        keyed = _keyed_confidence(confidence)
         if evidence is None:
             span = quote = None
         elif type(evidence) is _DICT:
@@ -537,7 +538,7 @@ def _fast_paper(
             return None
         # _relationship_key's text, written out: ``_ENCODE`` per item costs more than the rest
         key = (f"[{_json_str(subject)},{_json_str(predicate)},{_json_str(obj_id)},"
-               f"{'null' if confidence is None else float.__repr__(confidence)},"
+               f"{'null' if keyed is None else float.__repr__(keyed)},"
                f"{'null' if span is None else f'[{span[0]},{span[1]}]'},"  # type: ignore[index]
                f"{'null' if quote is None else _json_str(quote)}]")
         if key in keys:
@@ -555,10 +556,17 @@ def _fast_paper(
                         tuple(relationships))
 
 
+def _keyed_confidence(confidence: float | None) -> float | None:
+    """A confidence as the relationship's key holds it: as stored, so that two relationships
+    stored alike are one. An absent confidence is stored as 1.0, so 1.0 is keyed as absent
+    (null, which keeps the ids of relationships without one), and -0.0 as 0.0."""
+    return None if confidence is None or confidence == 1.0 else confidence + 0.0
+
+
 def _relationship_key(r: RelationshipIn, span: Span | None) -> str:
     """The relationship itself, as read (unknown keys ignored): its id's input and dedupe key."""
     quote = None if r.evidence is None else r.evidence.quote
-    return _ENCODE([r.subject, r.predicate, r.object, r.confidence,
+    return _ENCODE([r.subject, r.predicate, r.object, _keyed_confidence(r.confidence),
                     None if span is None else [span.start, span.end], quote])
 
 

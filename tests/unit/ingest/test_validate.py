@@ -228,6 +228,27 @@ def test_duplicate_relationship_is_rejected() -> None:
     assert "duplicate of relationships[0]" in p.rejects[0].reason
 
 
+@pytest.mark.parametrize(("first", "second"), [({}, {"confidence": 1.0}),
+                                                ({"confidence": 1}, {}),
+                                                ({"confidence": 0.0}, {"confidence": -0.0})])
+def test_relationships_stored_alike_are_duplicates(first: dict[str, Any],
+                                                   second: dict[str, Any]) -> None:
+    """An absent confidence is stored as 1.0 (and -0.0 as a zero): the same row twice."""
+    rel = {"subject": "m1", "predicate": "uses", "object": "m2"}
+    p = parse(paper(relationships=[rel | first, rel | second]))
+    assert [r.index for r in p.relationships] == [0]
+    assert [r.reason for r in p.rejects] == ["relationships[1]: duplicate of relationships[0]"]
+
+
+def test_relationships_written_differently_are_kept_apart() -> None:
+    """A predicate is kept as written (`raw_predicate`), so two spellings are two claims."""
+    rel = {"subject": "m1", "predicate": "uses", "object": "m2"}
+    p = parse(paper(relationships=[rel, rel | {"predicate": "Uses"},
+                                   rel | {"confidence": 0.99}]))
+    assert [r.index for r in p.relationships] == [0, 1, 2]
+    assert p.rejects == ()
+
+
 def test_caps_on_counts() -> None:
     limits = Limits(max_mentions=1, max_relationships=0)
     p = parse(paper(), limits)
