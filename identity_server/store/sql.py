@@ -280,6 +280,15 @@ class SqlStore:
             if not write:
                 with self.engine.connect() as conn:
                     conn.info["write"] = False  # the pool's connections keep their info
+                    if not self.is_sqlite:
+                        # One snapshot for the whole read, as SQLite's read transaction has: at
+                        # READ COMMITTED each statement sees the commits made since the last,
+                        # so an index catching up could read a change from the feed and the
+                        # rows of a later commit, a state that never was. Writes stay at READ
+                        # COMMITTED: they read after taking the replicas' lock, and a snapshot
+                        # taken before it would miss the commit that waited for.
+                        conn.execution_options(isolation_level="REPEATABLE READ",
+                                               postgresql_readonly=True)
                     with conn.begin():
                         yield Tx(conn, self.is_sqlite)
                 return
