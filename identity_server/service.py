@@ -937,7 +937,7 @@ class IdentityService:
         `progress` is called with the number of records handled after each transaction."""
         errors: list[RecordError] = []
         counts = {"imported": 0, "created": 0, "updated": 0, "merged": 0, "linked": 0}
-        keys: dict[str, None] = {}
+        keys: dict[str, set[str]] = {}  # each key the import brought -> the records bringing it
         chunk: list[AuthorityRecord] = []
 
         def flush() -> None:
@@ -974,10 +974,13 @@ class IdentityService:
         self._merge_imported(keys, counts)
         return ImportReport(errors=tuple(sorted(errors, key=lambda e: e.line)), **counts)
 
-    def _merge_imported(self, keys: dict[str, None], counts: dict[str, int]) -> None:
+    def _merge_imported(self, keys: dict[str, set[str]], counts: dict[str, int]) -> None:
         """The import merges, decided for each provisional entity over every key the import
         brought, so that the outcome does not depend on the order of records or keys: one
-        compatible canonical target in all merges it, several link it to each.
+        compatible canonical target in all merges it, several link it to each. A key counts for
+        an entity only where a record of compatible type brought it: the records imported are
+        what a provisional entity is merged into, never a canonical entity that merely shares
+        a key with a record the entity could not converge on.
 
         Targets are collected a part at a time (resolves go on between parts), then merged in
         write transactions. A change that lands in between (a merge moving a spelling with one
@@ -992,7 +995,7 @@ class IdentityService:
             for i in range(0, len(pending), IMPORT_CHUNK):
                 with self._lock:  # a part at a time: resolves go on between parts
                     self._settle()
-                    self._collect_import_targets(pending[i : i + IMPORT_CHUNK], targets)
+                    self._collect_import_targets(pending[i : i + IMPORT_CHUNK], keys, targets)
             found = [pid for pid, t in targets.items() if handled.get(pid) != frozenset(t)]
             if not found:
                 return
@@ -1005,7 +1008,7 @@ class IdentityService:
                        "after %d passes", MAX_IMPORT_MERGE_PASSES)
 
     def _import_chunk(self, u: Unit, records: list[AuthorityRecord], counts: dict[str, int],
-                      keys: dict[str, None], errors: list[RecordError]) -> None:
+                      keys: dict[str, set[str]], errors: list[RecordError]) -> None:
         new: dict[str, tuple[str, str, str, list[str]]] = {}
         for rec in records:
             try:
@@ -1028,7 +1031,7 @@ class IdentityService:
             for spelling in (name, *aliases):  # rule 3 compares with every name of the record
                 k = key(spelling)
                 if len(k) >= 3:
-                    keys[k] = None
+                    keys.setdefault(k, set()).add(entity_id)
         u.create_canonicals(list(new.values()))
 
     def _check_record(self, rec: AuthorityRecord) -> tuple[str, str, str, list[str]]:
@@ -1056,18 +1059,21 @@ class IdentityService:
             raise InvalidArgument(f"an alias is longer than {self.config.max_mention_length}")
         return entity_id, name, entity_type, aliases
 
-    def _collect_import_targets(self, keys: list[str], targets: dict[str, set[str]]) -> None:
-        """For each provisional, non-placeholder entity holding one of keys, the canonical
-        entities of compatible type holding it too (rule 3: every name compares)."""
+    def _collect_import_targets(self, keys: list[str], brought_by: dict[str, set[str]],
+                                targets: dict[str, set[str]]) -> None:
+        """For each provisional, non-placeholder entity holding one of keys that a record of
+        compatible type brought, the canonical entities of compatible type holding it (rule 3:
+        every name compares); `brought_by`: each key's imported records."""
         index = self.index
         for k in keys:
             entities = [e for e in (index.get(i) for i in index.with_key(k)) if e]
             canonical = [e for e in entities if e.status is Status.CANONICAL]
+            imported = {e.entity_id for e in map(index.live, brought_by[k]) if e is not None}
             for p in entities:
                 if p.status is Status.PROVISIONAL and not p.placeholder:
                     found = {c.entity_id for c in canonical
                              if types_compatible(c.entity_type, p.entity_type)}
-                    if found:
+                    if not found.isdisjoint(imported):
                         targets.setdefault(p.entity_id, set()).update(found)
 
     def _import_merges(self, u: Unit, provisional: list[str], targets: dict[str, set[str]],

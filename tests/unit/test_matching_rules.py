@@ -1202,8 +1202,9 @@ def test_an_import_merges_what_a_merge_gave_a_key_while_it_collected_its_targets
     landed: list[str] = []
 
     def collect_then_merge(self: IdentityService, keys: list[str],
+                           brought_by: dict[str, set[str]],
                            targets: dict[str, set[str]]) -> None:
-        collect(self, keys, targets)
+        collect(self, keys, brought_by, targets)
         if not landed:  # between the import's collection and its merges
             landed.append(self.merge(p, q).entity_id)
 
@@ -1230,6 +1231,24 @@ def test_import_merges_do_not_depend_on_record_order(service: IdentityService,
     load(service, *(records if order == "name-first" else records[::-1]))
     assert service.get_entity(p).status is Status.PROVISIONAL
     assert links(service) == {pair(p, "M1"), pair(p, "M2")}
+
+
+def test_an_import_merges_only_into_records_the_entity_could_converge_on(
+        service: IdentityService) -> None:
+    """'every provisional, non-placeholder entity of compatible type that rule 3 would
+    converge on ... is merged into it': an entity whose type the record does not take is left
+    alone, even where an older canonical entity of a type it does take holds the same key."""
+    load(service, rec("C1", "Maria Lab", "other"))
+    p = new_id(service, "Mario Holdings", "organization")
+    for entity_id in (p, "C1"):
+        service.add_alias(entity_id, "Mario")
+    report = service.import_lines([rec("C2", "Mario", "person")])
+    assert (report.merged, report.linked) == (0, 0)
+    assert service.get_entity(p).status is Status.PROVISIONAL
+    # A record of a type it takes does count, and with C1 sharing the key it is linked to both.
+    report = service.import_lines([rec("C3", "Mario", "organization")])
+    assert (report.merged, report.linked) == (0, 1)
+    assert {pair(p, "C1"), pair(p, "C3")} <= links(service)
 
 
 def test_import_refuses_bad_records_with_line_numbers(service: IdentityService) -> None:
