@@ -327,10 +327,17 @@ class GraphSink:
         except duckdb.Error as e:
             raise SinkError(f"cannot open graph database {self.path}: {e}") from e
         try:
+            tables = {r[0] for r in self._con.execute(
+                "SELECT table_name FROM information_schema.tables").fetchall()}
+            if tables and "schema_info" not in tables:
+                # Someone else's database: creating ingest's tables and views in it would
+                # replace any of its own that share their names.
+                raise SinkError(
+                    f"{self.path} is not a graph database written by ingest (it has no "
+                    f"schema_info table, and holds {', '.join(sorted(tables)[:5])}"
+                    f"{', ...' if len(tables) > 5 else ''}): give ingest a file of its own")
             if read_only:
-                tables = {r[0] for r in self._con.execute(
-                    "SELECT table_name FROM information_schema.tables").fetchall()}
-                if "schema_info" not in tables:
+                if not tables:
                     raise SinkError(f"{self.path} is not a graph database written by ingest "
                                     "(it has no schema_info table)")
                 missing = sorted(set(_SCHEMA_NAMES) - tables)

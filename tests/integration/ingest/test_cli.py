@@ -476,6 +476,28 @@ def test_stats_reads_without_writing_and_refuses_a_database_ingest_did_not_write
     assert "papers:          200" in capsys.readouterr().out
 
 
+def test_run_refuses_a_database_ingest_did_not_write_and_leaves_it_as_it_was(
+        tmp_path: Path, stub: StubServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """run created ingest's tables in it, replacing the user's own view named `entities`,
+    then failed on the user's `papers` table with a Binder Error."""
+    import duckdb
+
+    mine = tmp_path / "mine.duckdb"
+    with duckdb.connect(str(mine)) as con:
+        con.execute("CREATE TABLE papers (title VARCHAR, year INTEGER)")
+        con.execute("INSERT INTO papers VALUES ('On Graphs', 2024)")
+        con.execute("CREATE VIEW entities AS SELECT title FROM papers")
+    assert main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(mine), "--server",
+                 stub.address, "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "is not a graph database written by ingest" in err
+    assert "entities, papers" in err
+    with duckdb.connect(str(mine), read_only=True) as con:
+        assert sorted(con.execute("SELECT table_name, table_type FROM information_schema.tables")
+                      .fetchall()) == [("entities", "VIEW"), ("papers", "BASE TABLE")]
+        assert con.execute("SELECT * FROM entities").fetchall() == [("On Graphs",)]
+
+
 def test_a_file_name_that_is_not_utf8_is_stored_escaped_and_reruns_match(
         tmp_path: Path, stub: StubServer, capsys: pytest.CaptureFixture[str]) -> None:
     """A Latin-1 file name (b'caf\\xe9.jsonl') ended the job with a UnicodeEncodeError when its
