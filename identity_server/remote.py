@@ -144,6 +144,7 @@ def promote(args: argparse.Namespace) -> int:
     with _server(args) as call:
         reply = call("Promote", pb.PromoteRequest(entity_id=args.entity_id,
                                                   max_surface_forms=_FORMS_SHOWN), admin=True)
+    _note_redirect(args.entity_id, reply.entity)
     return _show(args, reply.entity)
 
 
@@ -151,7 +152,16 @@ def alias(args: argparse.Namespace) -> int:
     with _server(args) as call:
         reply = call("AddAlias", pb.AddAliasRequest(entity_id=args.entity_id, alias=args.alias,
                                                     max_surface_forms=_FORMS_SHOWN), admin=True)
+    _note_redirect(args.entity_id, reply.entity)
     return _show(args, reply.entity)
+
+
+def _note_redirect(asked: str, acted_on: pb.Entity) -> None:
+    """Admin calls on a merged id act on the entity it redirects to (SPEC section 3): say so,
+    on stderr, so that a curator who named a merged-away id is not surprised."""
+    if acted_on.entity_id and acted_on.entity_id != asked:
+        print(f"note: {asked} was merged into {acted_on.entity_id}; this acted on "
+              f"{acted_on.entity_id}", file=sys.stderr)
 
 
 _FORMATS = {None: pb.AUTHORITY_FORMAT_UNSPECIFIED, "jsonl": pb.AUTHORITY_FORMAT_JSONL,

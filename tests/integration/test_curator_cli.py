@@ -158,6 +158,14 @@ def test_merge_promote_and_alias_act_on_the_server(
     assert _admin(server, "merge", ada, ada) == 1
     assert "FAILED_PRECONDITION: cannot merge" in capsys.readouterr().err
 
+    # Named by its merged-away id, an entity is acted on where the id redirects, saying so.
+    assert _admin(server, "alias", countess, "A. A. King") == 0
+    captured = capsys.readouterr()
+    assert f"note: {countess} was merged into {ada}; this acted on {ada}" in captured.err
+    assert f"entity_id:     {ada}" in captured.out
+    assert _admin(server, "alias", ada, "Ada King") == 0
+    assert "note:" not in capsys.readouterr().err
+
 
 def test_admin_commands_without_the_token_say_how_to_give_it(
         server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,

@@ -122,8 +122,8 @@ def test_relationship_ids_are_the_documented_digest() -> None:
 def test_an_explicit_confidence_of_one_has_the_id_of_an_absent_one() -> None:
     """Both are stored as 1.0: one relationship, one id, on either path."""
     absent, _ = both(with_rel())
-    for given in (with_rel(confidence=1.0), with_rel(confidence=1)):
-        fast, slow = both(given)
+    for explicit in (with_rel(confidence=1.0), with_rel(confidence=1)):
+        fast, slow = both(explicit)
         assert fast == slow
         assert fast.relationships[0].relationship_id == absent.relationships[0].relationship_id
 
