@@ -30,6 +30,7 @@ from identity_server.authority import (
     split_lines,
     unpacked,
 )
+from identity_server.command_line import add_command, parse_command_line
 from identity_server.errors import IdentityError, InvalidArgument, StartupError
 from identity_server.settings import Settings, describe_settings_error, unknown_environment
 
@@ -41,7 +42,7 @@ logger = logging.getLogger("identity_server")
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -85,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = p.add_subparsers(required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the gRPC server until SIGTERM or Ctrl-C")
+    serve = add_command(sub, "serve", help="run the gRPC server until SIGTERM or Ctrl-C")
     serve.add_argument("--db", dest="db_url", help="store URL (default sqlite:///identity.sqlite)")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 50051; 0 picks a free one)")
@@ -98,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", help="PEM private key")
     serve.set_defaults(run=_serve)
 
-    imp = sub.add_parser("import", help="import an authority file (JSON Lines or CSV) into a "
+    imp = add_command(sub, "import", help="import an authority file (JSON Lines or CSV) into a "
                                         "store, or through a running server")
     imp.add_argument("file", type=Path,
                      help="JSON Lines or CSV (gzip, bzip2, xz too); - for standard input")
@@ -114,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="with --server: deadline of the whole import, s (default 3600)")
     imp.set_defaults(run=_import)
 
-    res = sub.add_parser("resolve", help="resolve one mention through a running server")
+    res = add_command(sub, "resolve", help="resolve one mention through a running server")
     res.add_argument("mention")
     res.add_argument("--type", dest="entity_type", default="other")
     res.add_argument("--context", default="", help="paper id to record evidence under")
@@ -122,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     remote.add_connection_options(res)
     res.set_defaults(run=remote.resolve)
 
-    ent = sub.add_parser("entity", help="show an entity: names, status, evidence, redirect")
+    ent = add_command(sub, "entity", help="show an entity: names, status, evidence, redirect")
     ent.add_argument("entity_id")
     ent.add_argument("--forms", type=_count, default=20,
                      help="surface forms to fetch and print (default 20; 0: all)")
@@ -131,14 +132,14 @@ def _parser() -> argparse.ArgumentParser:
     remote.add_connection_options(ent)
     ent.set_defaults(run=remote.entity)
 
-    links = sub.add_parser("links", help="list open possibly_same_as links (the review queue)")
+    links = add_command(sub, "links", help="list open possibly_same_as links (the review queue)")
     links.add_argument("--entity", help="only links touching this entity")
     links.add_argument("--limit", type=_count, default=100,
                        help="at most this many (default 100; 0: all)")
     remote.add_connection_options(links)
     links.set_defaults(run=remote.links)
 
-    settle = sub.add_parser("settle", help="admin: settle a linked pair as same (merge) or "
+    settle = add_command(sub, "settle", help="admin: settle a linked pair as same (merge) or "
                                            "distinct (never proposed again)")
     settle.add_argument("entity_id")
     settle.add_argument("other_id")
@@ -148,18 +149,18 @@ def _parser() -> argparse.ArgumentParser:
     remote.add_connection_options(settle, admin=True)
     settle.set_defaults(run=remote.settle)
 
-    merge = sub.add_parser("merge", help="admin: merge SOURCE into TARGET (SOURCE redirects)")
+    merge = add_command(sub, "merge", help="admin: merge SOURCE into TARGET (SOURCE redirects)")
     merge.add_argument("source_id")
     merge.add_argument("target_id")
     remote.add_connection_options(merge, admin=True)
     merge.set_defaults(run=remote.merge)
 
-    promote = sub.add_parser("promote", help="admin: make a provisional entity canonical")
+    promote = add_command(sub, "promote", help="admin: make a provisional entity canonical")
     promote.add_argument("entity_id")
     remote.add_connection_options(promote, admin=True)
     promote.set_defaults(run=remote.promote)
 
-    alias = sub.add_parser("alias", help="admin: add an alias (a typo anchor) to an entity")
+    alias = add_command(sub, "alias", help="admin: add an alias (a typo anchor) to an entity")
     alias.add_argument("entity_id")
     alias.add_argument("alias")
     remote.add_connection_options(alias, admin=True)

@@ -2,8 +2,9 @@
 
 The only place that reads settings, configures logging and prints. Without ``--server`` it starts
 an embedded identity server in-process (SQLite in the working directory). The only place ingest
-imports ``identity_server``, lazily: the embedded server, and the settings checks the two
-commands share (``identity_server.settings``, which imports nothing of the server's).
+imports ``identity_server``: lazily, the embedded server and the settings checks the two
+commands share (``identity_server.settings``); and the command-line parsing they share
+(``identity_server.command_line``). Neither imports anything of the server's.
 
 Exit codes: 0 the job ran (even if some items were rejected: see the summary); 1 the job could not
 run (server unreachable for the whole retry budget, database locked, input missing); 2 bad usage.
@@ -23,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from identity_server.command_line import add_command, command_parser, parse_command_line
 from ingest.client import IdentityClient, IdentityError, RetryPolicy
 from ingest.pipeline import (
     JobError,
@@ -338,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--identity-db", dest="embedded_db_url",
                        help="store URL of the embedded server (default sqlite:///identity.sqlite)")
 
-    run = sub.add_parser("run", help="ingest JSON Lines files or directories")
+    run = add_command(sub, "run", help="ingest JSON Lines files or directories")
     run.add_argument("paths", nargs="+", metavar="PATHS",
                      help="JSON Lines files (gzip, bzip2, xz too), directories of them, - for stdin")
     common(run)
@@ -348,10 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="predicate vocabulary file (.toml or .json)")
     run.add_argument("--no-progress", dest="progress", action="store_false", default=None)
 
-    sync = sub.add_parser("sync", help="pull merges (redirects) and open links from the server")
+    sync = add_command(sub, "sync", help="pull merges (redirects) and open links from the server")
     common(sync)
 
-    stats = sub.add_parser("stats", help="what the graph holds")
+    stats = add_command(sub, "stats", help="what the graph holds")
     stats.add_argument("--db", type=Path, help="DuckDB graph file (env INGEST_DB)")
     stats.add_argument("--top", type=_count, default=10,
                        help="how many entities to list (default 10)")
@@ -360,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -375,9 +377,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         from identity_server.settings import describe_settings_error
 
-        parser.error(f"invalid setting: {describe_settings_error(e, 'INGEST_')}")
+        command_parser(parser, args).error(
+            f"invalid setting: {describe_settings_error(e, 'INGEST_')}")
     if settings.db is None:
-        parser.error("--db is required (or set INGEST_DB)")
+        command_parser(parser, args).error("--db is required (or set INGEST_DB)")
     try:
         if args.command == "run":
             return cmd_run(settings, args.paths)

@@ -359,6 +359,20 @@ def test_a_deadline_that_cannot_work_is_refused_naming_the_flag(
         assert "argument --timeout:" in capsys.readouterr().err
 
 
+def test_an_unknown_option_is_reported_with_the_commands_usage(capsys: CaptureFixture) -> None:
+    """argparse printed the top-level usage, which does not show the command's options."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["serve", "--prot", "0"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: identity-server serve ") and "--port PORT" in err
+    assert "identity-server serve: error: unrecognized arguments: --prot 0" in err
+    with pytest.raises(SystemExit):
+        cli.main(["entity", "Q1", "--log-level", "debug"])
+    assert ("--log-level is an option of identity-server itself: give it before the command"
+            in capsys.readouterr().err)
+
+
 def test_entity_shows_an_entity_whose_reply_outgrows_grpcs_default_4_mb(
         server: RunningServer, capsys: CaptureFixture) -> None:
     """gRPC clients take 4 MB by default; the server sends up to 64 MB, and so many spellings

@@ -82,6 +82,23 @@ def test_db_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["stats"])
     assert exc.value.code == 2
+    assert "usage: ingest stats" in capsys.readouterr().err  # the command's usage, its options
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["run", "p.jsonl", "--db", "g.duckdb", "--concurency", "2"],
+     "ingest run: error: unrecognized arguments: --concurency 2"),
+    (["run", "-v", "p.jsonl", "--db", "g.duckdb"],
+     "unrecognized arguments: -v (-v is an option of ingest itself: give it before the command)"),
+])
+def test_a_usage_mistake_is_reported_with_the_commands_usage(
+        argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err
+    assert err.startswith("usage: ingest run ") and "--concurrency CONCURRENCY" in err
 
 
 def _cli(corpus: Path, db: Path, address: str) -> subprocess.Popen[bytes]:
