@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent import futures
@@ -131,9 +132,35 @@ def _tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
+def _check_listen_address(host: str, port: int) -> None:
+    """Refuse, with the system's reason, an address this machine cannot listen on (a port in
+    use, a host that is not one of its addresses or does not resolve), before the store is
+    opened and the index built: seconds to minutes at millions of entities. A port taken
+    between this check and the server's own bind is still refused there."""
+    if port == 0:
+        return
+    listen = address(host, port)
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise StartupError(f"cannot listen on {listen}: {e.strerror}") from e
+    reasons = []
+    for family, kind, proto, _, sockaddr in found:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+                probe.bind(sockaddr)
+                return
+        except OSError as e:
+            reasons.append(e.strerror or str(e))
+    raise StartupError(f"cannot listen on {listen}: {'; '.join(dict.fromkeys(reasons))}")
+
+
 def start_server(settings: Settings, *, service: IdentityService | None = None) -> RunningServer:
     """Start serving on settings.host:settings.port (0 picks a free port; see .port)."""
     credentials = _tls_credentials(settings)
+    if service is None:
+        _check_listen_address(settings.host, settings.port)
     own_service = service is None
     service = service or build_service(settings)
     try:

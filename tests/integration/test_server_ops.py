@@ -812,7 +812,14 @@ def test_cli_serve_says_what_is_wrong_with_its_settings_and_exits_non_zero(
         taken.listen()
         port = taken.getsockname()[1]
         assert cli_main(["serve", "--host", "127.0.0.1", "--port", str(port), *db]) == 1
-    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert (f"cannot listen on 127.0.0.1:{port}: Address already in use"
+            in capsys.readouterr().err)
+    # Checked before the store is opened and its index built (minutes at millions of
+    # entities), with the system's reason.
+    assert cli_main(["serve", "--host", "192.0.2.1", "--port", "50051", *db]) == 1  # TEST-NET-1
+    assert ("cannot listen on 192.0.2.1:50051: Cannot assign requested address"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "never.sqlite").exists()
 
 
 @pytest.mark.parametrize(("url", "says"), [
