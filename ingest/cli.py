@@ -104,6 +104,14 @@ def _client(settings: Settings, address: str) -> IdentityClient:
     )
 
 
+def _store_name(settings: Settings) -> str:
+    """The identity store, as an error names it: the embedded server's by its URL (its port is
+    picked afresh each run, and means nothing to the user)."""
+    if settings.server:
+        return f"the identity store behind {settings.server}"
+    return f"the identity store {_without_password(settings.embedded_db_url)}"
+
+
 def _without_password(url: str) -> str:
     """A store URL fit for a message: its password, if any, masked."""
     from sqlalchemy import make_url
@@ -208,7 +216,8 @@ def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
                   if _in_worker(settings, files) else None)
         address = stack.enter_context(identity_server_address(settings))
         client = stack.enter_context(_client(settings, address))
-        check_same_store(client, sink)  # before any id from another store gets stored
+        store = _store_name(settings)
+        check_same_store(client, sink, store=store)  # before any id from another store is stored
         if worker is None:
             summary = _job(client, *job_args, sink=sink)
         else:
@@ -217,7 +226,7 @@ def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
                 summary = worker.run(client, options.concurrency)
             sink = stack.enter_context(GraphSink(settings.db))
         try:
-            merges = sync_redirects(client, sink).merges
+            merges = sync_redirects(client, sink, store=store).merges
         except IdentityError as e:
             # The papers are stored; only the redirects are stale. Say so, keep exit 0.
             logger.warning("sync after the run failed (%s); run `ingest sync` later", e)
@@ -259,7 +268,7 @@ def cmd_sync(settings: Settings) -> int:
     assert settings.db is not None
     with GraphSink(settings.db) as sink, identity_server_address(settings) as address, \
             _client(settings, address) as client:
-        result = sync_redirects(client, sink)
+        result = sync_redirects(client, sink, store=_store_name(settings))
     sys.stdout.write(f"changes read: {result.changes} (up to sequence {result.last_sequence})\n"
                      f"new merges:   {result.merges}\nopen links:   {result.links}\n")
     return 0

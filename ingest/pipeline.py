@@ -371,28 +371,31 @@ class SyncResult:
     last_sequence: int
 
 
-def check_same_store(client: IdentityClient, sink: GraphSink) -> ChangeEvent | None:
+def check_same_store(client: IdentityClient, sink: GraphSink, *,
+                     store: str = "") -> ChangeEvent | None:
     """Refuse a graph whose ids came from another identity store (an embedded job run from
     another directory makes a new, empty one): the store must hold the change the graph last
-    synced, at the same sequence number. Returns that change (None before any sync)."""
+    synced, at the same sequence number. Returns that change (None before any sync). `store`
+    names the store in the error (default: the one behind the client's server)."""
+    store = store or f"the identity store behind {client.target}"
     after = sink.last_sequence()
     if after == 0:
-        _check_first_stored_entity(client, sink)
+        _check_first_stored_entity(client, sink, store)
         return None
     found = next(iter(client.list_changes(after - 1, limit=1)), None)
     anchor = sink.feed_anchor()
     if found is None or found.sequence != after:
-        raise _another_store(client, f"has no change {after}, but this graph was synced up to it",
+        raise _another_store(store, f"has no change {after}, but this graph was synced up to it",
                              " (a new, empty one?)")
     if anchor is not None and anchor[0] == after and (
             found.entity_id, found.recorded_at) != (anchor[1], anchor[2]):
-        raise _another_store(client, f"recorded change {after} as {found.entity_id} at "
+        raise _another_store(store, f"recorded change {after} as {found.entity_id} at "
                                      f"{found.recorded_at}, but this graph synced it as "
                                      f"{anchor[1]} at {anchor[2]}")
     return found
 
 
-def _check_first_stored_entity(client: IdentityClient, sink: GraphSink) -> None:
+def _check_first_stored_entity(client: IdentityClient, sink: GraphSink, store: str) -> None:
     """Before any sync (a first run killed before its closing sync): the store must know the
     first entity the graph saw created, under the spelling that created it (its name, or a
     surface form of the entity it was merged into)."""
@@ -412,21 +415,22 @@ def _check_first_stored_entity(client: IdentityClient, sink: GraphSink) -> None:
     else:
         names = (entity.name, *entity.aliases, *entity.surface_forms)
     if spelling not in names:
-        raise _another_store(client, f"does not know {entity_id} as {spelling!r}, which this "
+        raise _another_store(store, f"does not know {entity_id} as {spelling!r}, which this "
                                      f"graph stored", " (a new, empty one?)")
 
 
-def _another_store(client: IdentityClient, found: str, guess: str = "") -> JobError:
+def _another_store(store: str, found: str, guess: str = "") -> JobError:
     return JobError(
-        f"the identity store behind {client.target} {found}: the graph's ids come from another "
+        f"{store} {found}: the graph's ids come from another "
         f"identity store{guess}. Point the job at the store this graph was built with "
         f"(--identity-db or --server), or write to a new graph file")
 
 
-def sync_redirects(client: IdentityClient, sink: GraphSink) -> SyncResult:
+def sync_redirects(client: IdentityClient, sink: GraphSink, *, store: str = "") -> SyncResult:
     """Pulls the change feed after the stored position: merges become redirects (chains
-    resolved); the open possibly_same_as links are refreshed for ``stats``."""
-    anchor = check_same_store(client, sink)
+    resolved); the open possibly_same_as links are refreshed for ``stats``. `store`: as
+    ``check_same_store`` takes it."""
+    anchor = check_same_store(client, sink, store=store)
     after = anchor.sequence if anchor is not None else 0  # the graph's stored position
     merges: list[ChangeEvent] = []
     count, last = 0, after

@@ -319,6 +319,8 @@ def test_a_graph_refuses_ids_from_another_identity_store(
                  "--identity-db", store("new.sqlite"), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert f"has no change {before[2]}" in err and "another identity store" in err
+    # named by its URL, which the user can act on (not the embedded server's random port)
+    assert f"the identity store {store('new.sqlite')} has no change" in err
     assert main(["sync", "--db", str(graph), "--identity-db", store("new.sqlite")]) == 1
     assert "another identity store" in capsys.readouterr().err
     assert counts() == before
