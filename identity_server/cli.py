@@ -117,7 +117,8 @@ def _parser() -> argparse.ArgumentParser:
 
     res = add_command(sub, "resolve", help="resolve one mention through a running server")
     res.add_argument("mention")
-    res.add_argument("--type", dest="entity_type", default="other")
+    res.add_argument("--type", dest="entity_type", default="other",
+                     help="the mention's entity type (default other: compatible with any)")
     res.add_argument("--context", default="", help="paper id to record evidence under")
     res.add_argument("--lookup-only", action="store_true", help="look, never write")
     remote.add_connection_options(res)

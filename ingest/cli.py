@@ -357,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="papers in flight (1: file order, reproducible)")
     run.add_argument("--vocabulary", dest="vocabulary_file", type=Path,
                      help="predicate vocabulary file (.toml or .json)")
-    run.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    run.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                     help="no progress bar or progress lines (env INGEST_PROGRESS=false)")
 
     sync = add_command(sub, "sync", help="pull merges (redirects) and open links from the server")
     common(sync)
