@@ -318,6 +318,9 @@ def cmd_stats(settings: Settings, top: int) -> int:
             out.append("open possibly_same_as links (run `ingest sync` to refresh):")
             for a, an, b, bn in links:
                 out.append(f"  {an or '?'} ({a})  ~  {bn or '?'} ({b})")
+            more = one("SELECT count(*) FROM possibly_same_as") - len(links)
+            if more > 0:
+                out.append(f"  ... and {more} more (--top N lists N)")
     sys.stdout.write("\n".join(out) + "\n")
     return 0
 
@@ -366,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats = add_command(sub, "stats", help="what the graph holds")
     stats.add_argument("--db", type=Path, help="DuckDB graph file (env INGEST_DB)")
     stats.add_argument("--top", type=_count, default=10,
-                       help="how many entities to list (default 10)")
+                       help="how many entities, and open links, to list (default 10)")
     return parser
 
 

@@ -462,6 +462,23 @@ def test_a_graph_never_synced_still_refuses_another_identity_store(
                  "--no-progress"]) == 0
 
 
+def test_stats_says_how_many_open_links_it_left_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import duckdb
+
+    graph = tmp_path / "graph.duckdb"
+    assert main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(graph), "--identity-db",
+                 f"sqlite:///{tmp_path / 'identity.sqlite'}", "--no-progress"]) == 0
+    with duckdb.connect(str(graph), read_only=True) as con:
+        (links,) = con.execute("SELECT count(*) FROM possibly_same_as").fetchone()  # type: ignore[misc]
+    assert links > 2
+    capsys.readouterr()
+    assert main(["stats", "--db", str(graph), "--top", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    listed = out[out.index("open possibly_same_as links (run `ingest sync` to refresh):") + 1:]
+    assert len(listed) == 3 and listed[2] == f"  ... and {links - 2} more (--top N lists N)"
+
+
 def test_stats_top_must_be_a_whole_number_of_zero_or_more(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """It reached DuckDB as a negative LIMIT and failed there with a Binder Error."""
