@@ -106,8 +106,9 @@ def _read_stdlib(raw: RawLine, prefix: str) -> tuple[dict[str, Any], bytes, bool
         return LineReject(raw.position, f"line is not valid UTF-8: {e}", _keep(prefix))
     except json.JSONDecodeError as e:
         # Its "line 1 column 42" counts inside the JSON text; the position names the file line.
-        return LineReject(raw.position, f"line is not valid JSON: {e.msg} at column {e.colno}",
-                          _keep(prefix))
+        # Some messages end in "at" already ("Unterminated string starting at").
+        return LineReject(raw.position, f"line is not valid JSON: {e.msg.removesuffix(' at')} "
+                                        f"at column {e.colno}", _keep(prefix))
     except ValueError as e:
         return LineReject(raw.position, f"line is not valid JSON: {e}", _keep(prefix))
     if not isinstance(obj, dict):

@@ -249,6 +249,16 @@ def test_relationships_written_differently_are_kept_apart() -> None:
     assert p.rejects == ()
 
 
+@pytest.mark.parametrize(("raw", "reason"), [
+    (b'{"paper_id": "p1", "mentions": [', "line is not valid JSON: Expecting value at column 33"),
+    (b'{"paper_id": "p1', "line is not valid JSON: Unterminated string starting at column 14"),
+])
+def test_a_line_that_is_not_json_says_where_it_breaks(raw: bytes, reason: str) -> None:
+    p = parse(None, raw=raw)
+    assert isinstance(p, LineReject)
+    assert p.reason == reason
+
+
 def test_caps_on_counts() -> None:
     limits = Limits(max_mentions=1, max_relationships=0)
     p = parse(paper(), limits)
