@@ -30,7 +30,7 @@ from identity_server.authority import (
     split_lines,
     unpacked,
 )
-from identity_server.command_line import add_command, parse_command_line
+from identity_server.command_line import add_command, parse_command_line, server_address
 from identity_server.errors import IdentityError, InvalidArgument, StartupError
 from identity_server.settings import Settings, describe_settings_error, unknown_environment
 
@@ -105,8 +105,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="JSON Lines or CSV (gzip, bzip2, xz too); - for standard input")
     into = imp.add_mutually_exclusive_group()
     into.add_argument("--db", dest="db_url", help="store URL (default sqlite:///identity.sqlite)")
-    into.add_argument("--server", help="host:port of a running server: import through it "
-                                       "(ImportAuthority; admin)")
+    into.add_argument("--server", type=server_address,
+                      help="host:port of a running server: import through it "
+                      "(ImportAuthority; admin)")
     imp.add_argument("--format", choices=["jsonl", "csv"], help="default: guessed from line 1")
     imp.add_argument("--admin-token",
                      help="with --server: its admin token (default: IDENTITY_ADMIN_TOKEN)")

@@ -1,4 +1,5 @@
-"""Parsing a command line with subcommands so that a mistake is reported by the subcommand.
+"""Command-line parsing the two CLIs share: subcommands that report their own mistakes, and
+the check of a server address.
 
 argparse reports an unknown option (`serve --prot 0`) with the top-level usage, which does not
 show the options the subcommand takes, and a top-level option given after the subcommand
@@ -43,3 +44,27 @@ def parse_command_line(parser: argparse.ArgumentParser,
                     f"the command)")
         command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     return args
+
+
+_GRPC_SCHEMES = frozenset({"dns", "unix", "unix-abstract", "ipv4", "ipv6", "vsock"})
+
+
+def grpc_target(value: str) -> str:
+    """host:port (or a gRPC target such as dns:///host:port or unix:/path), never a URL: gRPC
+    would fail on `http://...` only after its retries, and take `host` alone as port 443.
+    ValueError says what to write instead."""
+    value = value.strip()
+    scheme = value.split(":", 1)[0].lower() if "://" in value else ""
+    if scheme and scheme not in _GRPC_SCHEMES:
+        raise ValueError(f"takes host:port (e.g. 127.0.0.1:50051), not a {scheme}:// URL")
+    if not value or (not scheme and ":" not in value and not value.startswith("unix:")):
+        raise ValueError("takes host:port (e.g. 127.0.0.1:50051)")
+    return value
+
+
+def server_address(text: str) -> str:
+    """`grpc_target` for argparse, which then names the flag in its error."""
+    try:
+        return grpc_target(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e}, got {text!r}") from None

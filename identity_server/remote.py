@@ -31,6 +31,7 @@ from identity_server.authority import (
     broke_off,
     unpacked,
 )
+from identity_server.command_line import server_address
 from identity_server.errors import InvalidArgument
 from identity_server.settings import MAX_MESSAGE_BYTES, Settings
 
@@ -45,7 +46,8 @@ _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 
 def add_connection_options(parser: argparse.ArgumentParser, *, admin: bool = False) -> None:
     """--server, --timeout, --tls-ca and --json; and --admin-token for admin commands."""
-    parser.add_argument("--server", default="127.0.0.1:50051", help="host:port of the server")
+    parser.add_argument("--server", type=server_address, default="127.0.0.1:50051",
+                        help="host:port of the server (default 127.0.0.1:50051)")
     parser.add_argument("--timeout", type=seconds, default=10.0, help="deadline of each call, s")
     parser.add_argument("--tls-ca", type=Path,
                         help="PEM root certificates: talk TLS (to a server run with --tls-cert)")

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from identity_server.command_line import grpc_target
 from ingest.models import Limits
 
 
@@ -71,15 +72,7 @@ class Settings(BaseSettings):
     def _a_grpc_target(cls, value: str | None) -> str | None:
         """host:port (or a gRPC target such as dns:///host:port or unix:/path), never a URL:
         gRPC would only fail on it after the whole retry budget."""
-        if value is None:
-            return None
-        value = value.strip()
-        scheme = value.split(":", 1)[0].lower() if "://" in value else ""
-        if scheme and scheme not in {"dns", "unix", "unix-abstract", "ipv4", "ipv6", "vsock"}:
-            raise ValueError(f"takes host:port (e.g. 127.0.0.1:50051), not a {scheme}:// URL")
-        if not value or (not scheme and ":" not in value and not value.startswith("unix:")):
-            raise ValueError("takes host:port (e.g. 127.0.0.1:50051)")
-        return value
+        return None if value is None else grpc_target(value)
 
     def effective_concurrency(self) -> int:
         if self.concurrency is not None:

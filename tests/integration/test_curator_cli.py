@@ -359,6 +359,19 @@ def test_a_deadline_that_cannot_work_is_refused_naming_the_flag(
         assert "argument --timeout:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("server", "says"), [
+    ("http://127.0.0.1:50051", "takes host:port (e.g. 127.0.0.1:50051), not a http:// URL"),
+    ("127.0.0.1", "takes host:port (e.g. 127.0.0.1:50051), got '127.0.0.1'"),  # gRPC: port 443
+])
+def test_a_server_address_that_is_not_host_port_is_refused_at_once(
+        server: str, says: str, capsys: CaptureFixture) -> None:
+    for argv in (["entity", "Q1"], ["import", "-"]):
+        with pytest.raises(SystemExit) as exited:
+            cli.main([*argv, "--server", server])
+        assert exited.value.code == 2
+        assert f"argument --server: {says}" in capsys.readouterr().err
+
+
 def test_an_unknown_option_is_reported_with_the_commands_usage(capsys: CaptureFixture) -> None:
     """argparse printed the top-level usage, which does not show the command's options."""
     with pytest.raises(SystemExit) as exited:
