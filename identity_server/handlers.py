@@ -121,9 +121,12 @@ def add_identity_service(servicer: object, server: grpc.Server | grpc.aio.Server
     add_service(servicer, server, SERVICE, pb)
 
 
-def add_service(servicer: object, server: grpc.Server | grpc.aio.Server, service: Any, messages: Any) -> None:
+def add_service(servicer: object, server: grpc.Server | grpc.aio.Server, service: Any,
+                messages: Any, *, full_name: str | None = None) -> None:
     """Register servicer's methods of `service` (a ServiceDescriptor whose messages are in the
-    generated module `messages`) on server."""
+    generated module `messages`) on server; under `full_name` instead of the descriptor's when
+    given (a service whose other version has the same messages on the wire)."""
+    full_name = full_name or service.full_name
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in service.methods:
         request = getattr(messages, method.input_type.name)
@@ -136,8 +139,8 @@ def add_service(servicer: object, server: grpc.Server | grpc.aio.Server, service
             response_serializer=response.SerializeToString,
         )
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    server.add_registered_method_handlers(service.full_name, handlers)
+        (grpc.method_handlers_generic_handler(full_name, handlers),))
+    server.add_registered_method_handlers(full_name, handlers)
 
 
 __all__ = ["SERVICE", "Undecodable", "add_identity_service", "add_service"]

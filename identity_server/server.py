@@ -40,6 +40,9 @@ GRPC_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
 def build_service(settings: Settings) -> IdentityService:
     """The use-case layer over the configured store (also used by the CLI's import command)."""
     store = SqlStore(settings.db_url)
@@ -198,10 +201,13 @@ async def _serve(settings: Settings, service: IdentityService,
     health_servicer = health.aio.HealthServicer()
     add_service(health_servicer, server, health_pb2.DESCRIPTOR.services_by_name["Health"],
                 health_pb2)
-    add_service(reflection.aio.ReflectionServicer(
-                    (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)),
-                server, reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"],
-                reflection_pb2)
+    # Reflection under both names tools ask for: grpcio-reflection serves only v1alpha, whose
+    # messages are v1's on the wire (v1 is v1alpha made stable), so its servicer answers both.
+    reflector = reflection.aio.ReflectionServicer(
+        (SERVICE_NAME, health.SERVICE_NAME, REFLECTION_V1, reflection.SERVICE_NAME))
+    reflection_service = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
+    add_service(reflector, server, reflection_service, reflection_pb2)
+    add_service(reflector, server, reflection_service, reflection_pb2, full_name=REFLECTION_V1)
     listen = address(settings.host, settings.port)
     try:
         port = (server.add_secure_port(listen, credentials) if credentials is not None

@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -136,6 +137,24 @@ def test_reflection_lists_and_describes_the_service(channel: grpc.Channel) -> No
     assert feed.server_streaming and not feed.client_streaming
     assert service.methods_by_name["ResolveBatch"].input_type.full_name == (
         "identity.v1.ResolveBatchRequest")
+
+
+def test_reflection_answers_under_its_stable_v1_name_too(channel: grpc.Channel) -> None:
+    """Tools ask for grpc.reflection.v1 first; the library serves v1alpha, the same messages."""
+    info = channel.stream_stream(
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+    listed, described = info(iter([
+        reflection_pb2.ServerReflectionRequest(list_services=""),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol=SERVICE),
+    ]), timeout=T)
+    names = {s.name for s in listed.list_services_response.service}
+    assert {SERVICE, "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection"} <= names
+    files = [FileDescriptorProto.FromString(raw)
+             for raw in described.file_descriptor_response.file_descriptor_proto]
+    assert SERVICE.rpartition(".")[2] in {sv.name for f in files for sv in f.service}
 
 
 # -- restarts -------------------------------------------------------------------------------------
