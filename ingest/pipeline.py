@@ -40,6 +40,9 @@ from ingest.validate import (
 from ingest.vocabulary import Vocabulary, default_vocabulary
 
 T = TypeVar("T")
+# The mentions (text, type), in order, of a paper's revisions stored or sent before the one
+# being resolved: how a replayed reply is told to be an earlier revision's (paper_outcomes).
+Earlier = frozenset[tuple[tuple[str, str], ...]]
 _WAKE_S = 0.2  # how often the main thread, waiting on a paper, wakes to see a Ctrl-C
 
 logger = logging.getLogger(__name__)
@@ -62,7 +65,7 @@ class ResolvesAhead(Protocol):
     order without the pipeline's threads (the embedded job's worker: see ingest.worker)."""
 
     def submit_paper(self, paper: CheckedPaper, *,
-                     revisited: bool) -> Future[ResolvedPaper | LineReject]: ...
+                     earlier: Earlier) -> Future[ResolvedPaper | LineReject]: ...
 
     def abort(self) -> None:
         """The job stops: fail the papers waiting."""
@@ -170,16 +173,16 @@ def _without_batch_index(message: str, i: int) -> str:
 
 
 def resolve_paper(resolver: Resolver, paper: CheckedPaper, *,
-                  revisited: bool = False) -> ResolvedPaper | LineReject:
+                  earlier: Earlier = frozenset()) -> ResolvedPaper | LineReject:
     """One ResolveBatch for the paper (in parts when the server takes fewer mentions at once:
     see IdentityClient.resolve_batch); mentions the server refuses are rejected with its reason.
 
-    `revisited`: an earlier revision of the paper is stored (see ``paper_outcomes``)."""
+    `earlier`: the mentions of the paper's earlier revisions (see ``paper_outcomes``)."""
     if not paper.mentions:
         return ResolvedPaper(paper, ())
     try:
         outcomes = paper_outcomes(resolver, paper.paper_id, mention_pairs(paper),
-                                  revisited=revisited)
+                                  earlier=earlier)
     except IdentityError as e:  # ServerUnavailable and the job's fatal codes are raised again
         return refused_paper(paper, e)
     return settle_paper(paper, outcomes)
@@ -191,16 +194,34 @@ def mention_pairs(paper: CheckedPaper) -> list[tuple[str, str]]:
 
 
 def paper_outcomes(resolver: Resolver, paper_id: str, mentions: Sequence[tuple[str, str]], *,
-                   revisited: bool) -> Sequence[Resolution | ItemFailure]:
+                   earlier: Earlier = frozenset()) -> Sequence[Resolution | ItemFailure]:
     """The server's outcome for each mention of the paper, its id the call's context.
 
-    When the paper is `revisited` (an earlier revision is stored) and the server replays the reply
-    of that revision's identical request, the mentions are stored as it decides them now."""
+    When the server replays the reply of an earlier revision's identical request (`earlier`
+    holds the mentions of the paper's revisions stored or sent before this one), the mentions
+    are stored as it decides them now. A replay of this revision's own request (a job killed
+    after the server answered it and before the paper was written, or a retry of a call whose
+    reply was lost) is the reply one uninterrupted run got, and is stored as it is."""
     reply = resolver.resolve_batch(paper_id, mentions)
-    if reply.replayed and revisited:
+    if reply.replayed and _an_earlier_revisions_request(mentions, reply.outcomes, earlier):
         now = resolver.resolve_batch(paper_id, mentions, lookup_only=True)
         return _as_decided_now(reply.outcomes, now.outcomes)
     return reply.outcomes
+
+
+def _an_earlier_revisions_request(mentions: Sequence[tuple[str, str]],
+                                  outcomes: Sequence[Resolution | ItemFailure],
+                                  earlier: Earlier) -> bool:
+    """Whether a replayed request is one an earlier revision made: its mentions are those of a
+    revision sent before (`earlier` holds the whole request) or, for a stored revision, whose
+    rows hold the mentions the server resolved, those resolved here."""
+    if not earlier:
+        return False
+    if tuple(mentions) in earlier:
+        return True
+    resolved = tuple(m for m, o in zip(mentions, outcomes, strict=True)
+                     if isinstance(o, Resolution))
+    return resolved in earlier
 
 
 def refused_paper(paper: CheckedPaper, error: IdentityError) -> LineReject:
@@ -274,9 +295,12 @@ def run_job(
     group: list[ResolvedPaper | LineReject] = []
     group_rows = 0
     last_flush = time.monotonic()
-    # Papers sent for resolving and not yet written, by id (bounded by the window and one
-    # group): a later revision of one of them is a revision of a paper the database will hold.
-    unwritten: dict[str, int] = {}
+    # The requests (mentions) of papers sent for resolving and not yet written, by id, in
+    # order (bounded by the window and one group): a later revision of one of them is a
+    # revision of a paper the database will hold. And the papers written since the current
+    # chunk's stored revisions were looked up.
+    unwritten: dict[str, deque[tuple[tuple[str, str], ...]]] = {}
+    written_lately: set[str] = set()
     sent_ids: dict[Future[ResolvedPaper | LineReject], str] = {}
     group_sent: list[str] = []
 
@@ -287,10 +311,21 @@ def run_job(
             if progress is not None:
                 progress(len(group))
         for pid in group_sent:
-            left = unwritten.pop(pid) - 1
-            if left:
-                unwritten[pid] = left
+            requests = unwritten[pid]
+            requests.popleft()
+            if not requests:
+                del unwritten[pid]
+            written_lately.add(pid)
         group, group_rows, last_flush, group_sent = [], 0, time.monotonic(), []
+
+    def earlier_revisions(paper: CheckedPaper, stored: set[str]) -> Earlier:
+        """The mentions of the paper's revisions stored (`stored`: their content hashes, as
+        the chunk found them, or written since) and of those sent and not yet written."""
+        pid = paper.paper_id
+        found = set(unwritten.get(pid, ()))
+        if stored or pid in written_lately:
+            found |= sink.mention_sequences(pid)
+        return frozenset(found)
 
     def drain_one() -> None:
         nonlocal group_rows
@@ -318,8 +353,8 @@ def run_job(
             submit = resolver.submit_paper
         else:
             def submit(paper: CheckedPaper, *,
-                       revisited: bool) -> Future[ResolvedPaper | LineReject]:
-                return pool.submit(resolve_paper, resolver, paper, revisited=revisited)
+                       earlier: Earlier) -> Future[ResolvedPaper | LineReject]:
+                return pool.submit(resolve_paper, resolver, paper, earlier=earlier)
         try:
             for chunk in _chunks(read_inputs(paths, max_line_bytes=opts.limits.max_line_bytes),
                                  opts.chunk_lines, opts.chunk_bytes):
@@ -328,16 +363,18 @@ def run_job(
                           for raw in chunk]
                 known = sink.known_hashes(
                     p.paper_id for p in parsed if isinstance(p, CheckedPaper))
+                written_lately.clear()
                 for p in parsed:
                     if isinstance(p, LineReject):
                         window.append(p)
                     elif p.content_hash in known.get(p.paper_id, ()):
                         window.append(_Unchanged(p.paper_id))
                     else:
-                        revisited = bool(known.get(p.paper_id)) or p.paper_id in unwritten
-                        future = submit(p, revisited=revisited)
+                        future = submit(p, earlier=earlier_revisions(
+                            p, known.get(p.paper_id, set())))
                         sent_ids[future] = p.paper_id
-                        unwritten[p.paper_id] = unwritten.get(p.paper_id, 0) + 1
+                        unwritten.setdefault(p.paper_id, deque()).append(
+                            tuple(mention_pairs(p)))
                         window.append(future)
                     while len(window) > window_size:
                         drain_one()

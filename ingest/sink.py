@@ -395,6 +395,19 @@ class GraphSink:
                 current.add(pid)
         return known, current
 
+    def mention_sequences(self, paper_id: str) -> set[tuple[tuple[str, str], ...]]:
+        """The mentions (text, type) of each stored revision of a paper, in order."""
+        try:
+            rows = self._con.execute(
+                "SELECT content_hash, text, entity_type FROM mentions WHERE paper_id = ? "
+                "ORDER BY content_hash, mention_index", [paper_id]).fetchall()
+        except duckdb.Error as e:
+            raise SinkError(f"cannot read mentions from {self.path}: {e}") from e
+        by_revision: dict[str, list[tuple[str, str]]] = {}
+        for content_hash, text, etype in rows:
+            by_revision.setdefault(content_hash, []).append((text, etype))
+        return {tuple(mentions) for mentions in by_revision.values()}
+
     def _entities_of(self, paper_id: str) -> frozenset[str]:
         """The entities every stored revision of a paper resolved to."""
         rows = self._con.execute(

@@ -29,6 +29,7 @@ from typing import Any, Protocol, Self
 
 from ingest.client import BatchOutcome, IdentityError, ServerUnavailable
 from ingest.pipeline import (
+    Earlier,
     JobError,
     mention_pairs,
     paper_outcomes,
@@ -85,7 +86,7 @@ class PipeResolver:
         self._reader.start()
 
     def submit_paper(self, paper: CheckedPaper, *,
-                     revisited: bool) -> Future[ResolvedPaper | LineReject]:
+                     earlier: Earlier) -> Future[ResolvedPaper | LineReject]:
         future: Future[ResolvedPaper | LineReject] = Future()
         if not paper.mentions:
             future.set_result(ResolvedPaper(paper, ()))
@@ -100,7 +101,7 @@ class PipeResolver:
         try:
             with self._send_lock:
                 _send(self._conn, ("resolve", call, paper.paper_id, mention_pairs(paper),
-                                   revisited))
+                                   earlier))
         except OSError:
             self._fail_all(_gone())
         return future
@@ -294,11 +295,11 @@ class JobWorker:
             return
 
     def _answer(self, answerer: Answerer, call: int, paper_id: str,
-                mentions: list[tuple[str, str]], revisited: bool) -> None:
+                mentions: list[tuple[str, str]], earlier: Earlier) -> None:
         try:
             reply: tuple[Any, ...] = (
                 "outcome", call, paper_outcomes(answerer, paper_id, mentions,
-                                                revisited=revisited))
+                                                earlier=earlier))
         except IdentityError as e:
             reply = ("error", call, *_error_fields(e))
         except Exception as e:  # a bug answering must not leave the worker waiting forever

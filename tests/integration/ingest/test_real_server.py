@@ -254,6 +254,76 @@ def test_a_new_revision_replayed_after_a_merge_stores_live_ids_and_rejects_the_s
     assert "self-loop" in reason and ids["b"] in reason
 
 
+def _new_mention_revision(name: str) -> dict[str, Any]:
+    paper = _revision(name, ("a", "b"))
+    if name != "v1":
+        paper["mentions"][1] = {"id": "b", "text": "Gamma Bench", "type": "dataset"}
+    return paper
+
+
+def test_a_revision_the_server_answered_before_the_job_died_is_stored_as_one_run_would(
+        tmp_path: Path, real_server: str) -> None:
+    """A job killed after the server answered a new revision's batch and before the paper was
+    written: the rerun's batch is replayed, and it is this revision's own reply (what one
+    uninterrupted run stored), not an earlier revision's, so it is stored as it is: the new
+    mention created, and counted new (it was stored as found, by a lookup)."""
+    import json
+
+    v1, v2 = tmp_path / "v1.jsonl", tmp_path / "v2.jsonl"
+    v1.write_text(json.dumps(_new_mention_revision("v1")) + "\n", encoding="utf-8")
+    v2.write_text(json.dumps(_new_mention_revision("v2")) + "\n", encoding="utf-8")
+    db = tmp_path / "graph.duckdb"
+    with GraphSink(db) as sink, IdentityClient(real_server, policy=POLICY) as client:
+        run_job([v1], sink=sink, resolver=client, options=JobOptions(concurrency=1))
+        paper = _new_mention_revision("v2")
+        answered = client.resolve_batch(  # what the killed job sent, and got, for v2
+            paper["paper_id"], [(m["text"], m["type"]) for m in paper["mentions"]])
+        assert [r.created for r in answered.outcomes] == [False, True, False]
+        summary = run_job([v2], sink=sink, resolver=client, options=JobOptions(concurrency=1))
+    assert (summary.changed, summary.new_entities) == (1, 1)
+    assert rows(db, "SELECT mention_id, match_kind, created FROM mentions WHERE revision = 'v2' "
+                    "ORDER BY mention_id") == [("a", "exact", False), ("b", "new", True),
+                                               ("c", "exact", False)]
+
+
+def test_the_embedded_jobs_worker_tells_the_revisions_replays_apart_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The same through the command line, whose embedded job resolves from a worker process:
+    an earlier revision's replay is stored as found now, this revision's own as it is."""
+    import json
+
+    from identity_server.server import start_server
+    from identity_server.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path / 'identity.sqlite'}"
+    for name, paper in (("v1", _new_mention_revision("v1")), ("v2", _new_mention_revision("v2")),
+                        ("v3", {**_revision("v3", ("a", "c")),
+                                "mentions": _new_mention_revision("v1")["mentions"]})):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(paper) + "\n", encoding="utf-8")
+    argv = ["--db", "graph.duckdb", "--identity-db", store, "--no-progress"]
+    assert main(["run", "v1.jsonl", *argv]) == 0
+    running = start_server(Settings(db_url=store, port=0))  # the killed job's call for v2
+    try:
+        with IdentityClient(f"127.0.0.1:{running.port}", policy=POLICY) as client:
+            paper = _new_mention_revision("v2")
+            client.resolve_batch(paper["paper_id"],
+                                 [(m["text"], m["type"]) for m in paper["mentions"]])
+    finally:
+        running.stop(grace=0.5)
+    capsys.readouterr()
+    assert main(["run", "v2.jsonl", *argv]) == 0
+    assert "entities:          1 new" in capsys.readouterr().out
+    assert main(["run", "v3.jsonl", *argv]) == 0  # v1's mentions again: v1's reply replayed
+    assert "entities:          0 new" in capsys.readouterr().out
+    assert rows(tmp_path / "graph.duckdb",
+                "SELECT revision, mention_id, match_kind, created FROM mentions "
+                "WHERE revision <> 'v1' ORDER BY 1, 2") == [
+        ("v2", "a", "exact", False), ("v2", "b", "new", True), ("v2", "c", "exact", False),
+        ("v3", "a", "exact", False), ("v3", "b", "exact", False), ("v3", "c", "exact", False)]
+
+
 def test_a_mention_the_server_refuses_is_named_by_its_place_in_the_paper(
         tmp_path: Path, real_server: str) -> None:
     """The server names a refused item by its place in the batch; after a mention rejected by
