@@ -65,6 +65,16 @@ def _gone() -> ServerUnavailable:
                              "the job's process (and its embedded identity server) went away")
 
 
+def _how_it_ended(exitcode: int | None) -> str:
+    """A process's end as a person reads it: multiprocessing gives -N for signal N."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
 class WorkerFailed(Exception):
     """The worker process stopped without a result (killed, out of memory, a crash)."""
 
@@ -271,7 +281,7 @@ class JobWorker:
             except (EOFError, OSError):
                 self._process.join(timeout=_STOP_GRACE_S)
                 end.set_exception(WorkerFailed(
-                    f"the job's worker process stopped (exit code {self._process.exitcode}) "
+                    f"the job's worker process stopped ({_how_it_ended(self._process.exitcode)}) "
                     "before the job ended"))
                 return
             kind = message[0]

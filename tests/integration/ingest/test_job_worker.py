@@ -112,7 +112,7 @@ def test_a_worker_killed_mid_job_is_reported_and_a_rerun_completes_the_graph(
             assert worker.pid is not None
             threading.Timer(duration / 2, os.kill, (worker.pid, signal.SIGKILL)).start()
 
-        with pytest.raises(WorkerFailed, match=r"stopped \(exit code -9\) before the job ended"):
+        with pytest.raises(WorkerFailed, match=r"stopped \(killed by SIGKILL\) before the job ended"):
             in_worker(db, files, client, started=kill_soon)
     with embedded(tmp_path / "killed.sqlite") as client:  # the job's client was aborted
         rerun = in_worker(db, files, client)
