@@ -937,7 +937,9 @@ class IdentityService:
         `progress` is called with the number of records handled after each transaction."""
         errors: list[RecordError] = []
         counts = {"imported": 0, "created": 0, "updated": 0, "merged": 0, "linked": 0}
-        keys: dict[str, set[str]] = {}  # each key the import brought -> the records bringing it
+        # Each key the import brought -> the records bringing it (a tuple: mostly one, and an
+        # import of millions of records holds millions of keys).
+        keys: dict[str, tuple[str, ...]] = {}
         chunk: list[AuthorityRecord] = []
 
         def flush() -> None:
@@ -974,7 +976,7 @@ class IdentityService:
         self._merge_imported(keys, counts)
         return ImportReport(errors=tuple(sorted(errors, key=lambda e: e.line)), **counts)
 
-    def _merge_imported(self, keys: dict[str, set[str]], counts: dict[str, int]) -> None:
+    def _merge_imported(self, keys: dict[str, tuple[str, ...]], counts: dict[str, int]) -> None:
         """The import merges, decided for each provisional entity over every key the import
         brought, so that the outcome does not depend on the order of records or keys: one
         compatible canonical target in all merges it, several link it to each. A key counts for
@@ -1008,7 +1010,7 @@ class IdentityService:
                        "after %d passes", MAX_IMPORT_MERGE_PASSES)
 
     def _import_chunk(self, u: Unit, records: list[AuthorityRecord], counts: dict[str, int],
-                      keys: dict[str, set[str]], errors: list[RecordError]) -> None:
+                      keys: dict[str, tuple[str, ...]], errors: list[RecordError]) -> None:
         new: dict[str, tuple[str, str, str, list[str]]] = {}
         for rec in records:
             try:
@@ -1031,7 +1033,9 @@ class IdentityService:
             for spelling in (name, *aliases):  # rule 3 compares with every name of the record
                 k = key(spelling)
                 if len(k) >= 3:
-                    keys.setdefault(k, set()).add(entity_id)
+                    brought = keys.get(k, ())
+                    if entity_id not in brought:
+                        keys[k] = (*brought, entity_id)
         u.create_canonicals(list(new.values()))
 
     def _check_record(self, rec: AuthorityRecord) -> tuple[str, str, str, list[str]]:
@@ -1059,7 +1063,7 @@ class IdentityService:
             raise InvalidArgument(f"an alias is longer than {self.config.max_mention_length}")
         return entity_id, name, entity_type, aliases
 
-    def _collect_import_targets(self, keys: list[str], brought_by: dict[str, set[str]],
+    def _collect_import_targets(self, keys: list[str], brought_by: dict[str, tuple[str, ...]],
                                 targets: dict[str, set[str]]) -> None:
         """For each provisional, non-placeholder entity holding one of keys that a record of
         compatible type brought, the canonical entities of compatible type holding it (rule 3:

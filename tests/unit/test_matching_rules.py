@@ -1202,7 +1202,7 @@ def test_an_import_merges_what_a_merge_gave_a_key_while_it_collected_its_targets
     landed: list[str] = []
 
     def collect_then_merge(self: IdentityService, keys: list[str],
-                           brought_by: dict[str, set[str]],
+                           brought_by: dict[str, tuple[str, ...]],
                            targets: dict[str, set[str]]) -> None:
         collect(self, keys, brought_by, targets)
         if not landed:  # between the import's collection and its merges
