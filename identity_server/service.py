@@ -1050,17 +1050,30 @@ class IdentityService:
             raise InvalidArgument(f"id {entity_id!r} was merged into {existing.redirect_to}")
         if existing is not None and existing.status is not Status.CANONICAL:
             raise InvalidArgument(f"id {entity_id!r} belongs to a provisional entity")
+        if len(rec.entity_type) > MAX_TYPE_LENGTH:
+            raise InvalidArgument(f"type is {len(rec.entity_type)} characters long; the limit "
+                                  f"is {MAX_TYPE_LENGTH}")
         entity_type = self.config.vocabulary.for_authority(rec.entity_type)
         name = display_form(rec.name)
         if not name:
             raise InvalidArgument("empty name")
         if not key(name):
             raise InvalidArgument(f"name {name!r} has no letters, digits or symbols")
-        if len(name) > self.config.max_mention_length:
-            raise InvalidArgument(f"name longer than {self.config.max_mention_length}")
+        limit = self.config.max_mention_length
+        if len(name) > limit:
+            raise InvalidArgument(f"name is {len(name)} code points long; the limit is {limit}")
         aliases = [a for a in (display_form(x) for x in rec.aliases) if a and key(a)]
-        if any(len(a) > self.config.max_mention_length for a in aliases):
-            raise InvalidArgument(f"an alias is longer than {self.config.max_mention_length}")
+        for i, a in enumerate(aliases, start=1):
+            if len(a) > limit:
+                raise InvalidArgument(f"alias {i} ({a[:40]!r}...) is {len(a)} code points long; "
+                                      f"the limit is {limit}")
+        for what, text in (("id", entity_id), ("name", name), *(("an alias", a) for a in aliases)):
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:  # a JSON \ud800 escape: no character at all
+                    raise InvalidArgument(f"{what} contains a lone surrogate (a \\ud800-\\udfff "
+                                          "escape standing alone): not valid Unicode") from None
         return entity_id, name, entity_type, aliases
 
     def _collect_import_targets(self, keys: list[str], brought_by: dict[str, tuple[str, ...]],

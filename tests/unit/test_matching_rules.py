@@ -1277,6 +1277,27 @@ def test_import_refuses_bad_records_with_line_numbers(service: IdentityService) 
             service.get_entity(refused)
 
 
+def test_a_record_that_is_not_unicode_or_oversized_costs_only_itself(
+        service: IdentityService) -> None:
+    """JSON can spell a lone surrogate (\\ud800), which is no character: the record's
+    transaction failed whole, losing the good records beside it."""
+    lines = [rec("G1", "Good One", "tool"),
+             '{"id": "S1", "name": "Lone\\ud800x", "type": "tool"}',
+             '{"id": "S2", "name": "Fine", "type": "tool", "aliases": ["a\\udfffb"]}',
+             '{"id": "S\\ud800", "name": "Fine Too", "type": "tool"}',
+             rec("T1", "Typed", "t" * 200),
+             rec("L1", "n" * 513, "tool"),
+             rec("L2", "Long Alias", "tool", "ok", "a" * 600),
+             rec("G2", "Good Two", "tool")]
+    report = service.import_lines(lines)
+    assert [(e.line, e.message.split(":")[0].split(" (")[0]) for e in report.errors] == [
+        (2, "name contains a lone surrogate"), (3, "an alias contains a lone surrogate"),
+        (4, "id contains a lone surrogate"), (5, "type is 200 characters long; the limit is 128"),
+        (6, "name is 513 code points long; the limit is 512"), (7, "alias 2")]
+    assert "is 600 code points long; the limit is 512" in report.errors[-1].message
+    assert (report.imported, service.get_entity("G2").name) == (2, "Good Two")
+
+
 def test_import_says_why_a_name_is_refused(service: IdentityService) -> None:
     report = service.import_lines([rec("R1", "  ", "tool"), rec("R2", "?!", "tool")])
     assert [(e.line, e.message) for e in report.errors] == [
