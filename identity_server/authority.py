@@ -94,6 +94,15 @@ def split_lines(chunks: Iterable[bytes],
         yield b"".join(pieces)
 
 
+UTF16_REFUSAL = ("the authority file is UTF-16 (it starts with a UTF-16 byte-order mark); "
+                 "save it as UTF-8")
+
+
+def starts_utf16(data: bytes) -> bool:
+    """Whether a file's first bytes are a UTF-16 byte-order mark (the file is refused whole)."""
+    return data.startswith(_UTF16_BOMS)
+
+
 def decode_lines(raw_lines: Iterable[bytes | TooLong]) -> Iterator[Line]:
     """Each line as text (a UTF-8 byte-order mark before the first dropped), or Unreadable.
 
@@ -104,10 +113,8 @@ def decode_lines(raw_lines: Iterable[bytes | TooLong]) -> Iterator[Line]:
                                  f"{raw.cap} bytes")
             continue
         if number == 1:
-            if raw.startswith(_UTF16_BOMS):
-                raise InvalidArgument(
-                    "the authority file is UTF-16 (it starts with a UTF-16 byte-order mark); "
-                    "save it as UTF-8")
+            if starts_utf16(raw):
+                raise InvalidArgument(UTF16_REFUSAL)
             raw = raw.removeprefix(codecs.BOM_UTF8)
         try:
             yield raw.decode("utf-8")

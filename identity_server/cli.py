@@ -192,14 +192,13 @@ def _import(args: argparse.Namespace) -> int:
         raw = path.open("rb")
     except OSError as e:
         raise InvalidArgument(f"cannot read {args.file}: {e.strerror}") from e
-    stopped = None  # where reading broke off, for an import through a server
-    with raw:
+    with raw:  # `stopped`: where reading broke off (compressed data cut short), if it did
         if args.server:
             with tqdm(unit="B", unit_scale=True, desc="sending", disable=None,
                       file=sys.stderr) as bar:
                 report, stopped = remote.import_stream(args, raw, bar.update)
         else:
-            report = _import_into_store(args, raw)
+            report, stopped = _import_into_store(args, raw)
     _print_import(args.file, report)
     if stopped is not None:
         raise InvalidArgument(f"{args.file}: {stopped}; the lines before it were imported "
@@ -207,18 +206,23 @@ def _import(args: argparse.Namespace) -> int:
     return 1 if report.errors else 0
 
 
-def _import_into_store(args: argparse.Namespace, raw: BufferedReader) -> ImportReport:
+def _import_into_store(args: argparse.Namespace,
+                       raw: BufferedReader) -> tuple[ImportReport, str | None]:
+    """The import's report, and where reading broke off, if it did: then the whole lines read
+    before it are imported, as through a server (`remote.import_stream`)."""
     from identity_server.server import build_service
 
     service = build_service(_settings(args, "db_url"))
+    stopped: list[str] = []
     try:
         with unpacked(raw) as (f, kind), tqdm(
             unit=" records", desc="importing", disable=None, file=sys.stderr
         ) as bar:
-            return service.import_lines(_readable(f, args.file, kind), args.format,
-                                        progress=bar.update)
+            report = service.import_lines(_readable(f, args.file, kind, stopped), args.format,
+                                          progress=bar.update)
     finally:
         service.close()
+    return report, (stopped[0] if stopped else None)
 
 
 def _print_import(file: Path, report: Any) -> None:
@@ -232,11 +236,10 @@ def _print_import(file: Path, report: Any) -> None:
     )
 
 
-def _readable(f: BufferedIOBase, path: Path, kind: str) -> Iterator[Line]:
+def _readable(f: BufferedIOBase, path: Path, kind: str, stopped: list[str]) -> Iterator[Line]:
     """f's lines, decoded one at a time (a line that is not UTF-8, or too long, refuses its
-    record only); data that cannot be read on (compressed data cut short) ends the import with
-    an error naming the line it broke off after (the records before it are kept, as the RPC
-    does)."""
+    record only); data that cannot be read on (compressed data cut short) ends the lines, and
+    `stopped` says after which line."""
     number = 0  # lines read whole
 
     def counted() -> Iterator[bytes | TooLong]:
@@ -248,7 +251,7 @@ def _readable(f: BufferedIOBase, path: Path, kind: str) -> Iterator[Line]:
     try:
         yield from decode_lines(counted())
     except READ_ERRORS as e:
-        raise InvalidArgument(f"{path}: {broke_off(kind, number, e)}") from e
+        stopped.append(broke_off(kind, number, e))
     except InvalidArgument as e:  # a UTF-16 file
         raise InvalidArgument(f"{path}: {e}") from e
 

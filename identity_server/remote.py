@@ -28,7 +28,9 @@ from identity_server.authority import (
     MAX_LINE_BYTES,
     READ_CHUNK,
     READ_ERRORS,
+    UTF16_REFUSAL,
     broke_off,
+    starts_utf16,
     unpacked,
 )
 from identity_server.command_line import server_address
@@ -178,6 +180,7 @@ def import_stream(args: argparse.Namespace, raw: BufferedReader,
     the lines sent before, and the part of a line read so far is not sent, so no record is
     imported cut short. `progress` is called with the bytes sent."""
     stopped: list[str] = []  # why reading broke off, if it did
+    utf16: list[bool] = []  # the file is UTF-16: refused whole, before any line is sent
 
     def requests() -> Iterator[pb.ImportAuthorityRequest]:
         yield pb.ImportAuthorityRequest(format=_FORMATS[args.format])
@@ -185,6 +188,9 @@ def import_stream(args: argparse.Namespace, raw: BufferedReader,
         with unpacked(raw) as (f, kind):
             try:
                 for block in iter(lambda: f.read1(READ_CHUNK), b""):
+                    if not lines and not pending and starts_utf16(block):
+                        utf16.append(True)
+                        return
                     end = block.rfind(b"\n") + 1
                     if not end and len(pending) + len(block) <= MAX_LINE_BYTES:
                         pending += block  # a line longer than a block: wait for its end
@@ -203,6 +209,8 @@ def import_stream(args: argparse.Namespace, raw: BufferedReader,
 
     with _server(args) as call:
         reply: pb.ImportAuthorityResponse = call("ImportAuthority", requests(), admin=True)
+    if utf16:  # as an import into a store says it (the server was sent no line)
+        raise InvalidArgument(f"{args.file}: {UTF16_REFUSAL}")
     return reply, (stopped[0] if stopped else None)
 
 

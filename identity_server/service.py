@@ -967,6 +967,8 @@ class IdentityService:
                 self._merge_imported(keys, counts)
             except Exception:
                 logger.exception("import merges after a failed import failed")
+            if isinstance(e, IdentityError) and not counts["imported"] and not errors:
+                raise  # refused before any record (a UTF-16 file): nothing to account for
             if isinstance(e, IdentityError):
                 raise type(e)(
                     f"{e}; {counts['imported']} records from before it were imported (with "

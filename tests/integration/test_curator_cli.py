@@ -330,6 +330,23 @@ def test_import_through_a_server_sends_no_line_cut_short(
     assert _entity(stub, "Q2") is None and _entity(stub, "Q3") is None
 
 
+def test_a_utf16_file_is_refused_through_a_server_as_into_a_store(
+        server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
+        tmp_path: Path) -> None:
+    """Exit 2 and the same message both ways (through a server it exited 1, and its message
+    spoke of records 'from before it')."""
+    wide = tmp_path / "authority.jsonl"
+    wide.write_bytes("\ufeff{\"id\": \"Q1\", \"name\": \"Ada\", \"type\": \"person\"}\n"
+                     .encode("utf-16-le"))
+    says = f"error: {wide}: the authority file is UTF-16 (it starts with a UTF-16 byte-order mark)"
+    assert _admin(server, "import", str(wide)) == 2
+    assert says in capsys.readouterr().err
+    assert cli.main(["import", str(wide), "--db", f"sqlite:///{tmp_path / 'own.sqlite'}"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "from before it" not in err
+    assert _entity(stub, "Q1") is None
+
+
 def test_import_through_a_server_keeps_lines_whole_across_reads(
         server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
