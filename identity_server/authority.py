@@ -208,8 +208,11 @@ def _parse_csv(lines: Iterable[Line], delimiter: str) -> Iterator[AuthorityRecor
         yield RecordError(reader.line_num,
                           f"CSV header names column(s) {', '.join(twice)} more than once")
         return
+    end = reader.line_num  # the line the last row ended on
     for row in rows:
-        number = reader.line_num
+        # A record is named by its first line: one with a quoted line break spans several, and
+        # one whose quote is left open runs on to where a quote closes it, or to the end.
+        number, end = end + 1, reader.line_num
         if unreadable:  # the row ends here and may span lines (quoted newlines): any bad one
             first = min(unreadable)
             message = unreadable[first]

@@ -57,6 +57,20 @@ def test_a_csv_record_holding_a_line_that_is_not_utf8_is_refused_with_that_line(
     ]
 
 
+def test_a_csv_record_over_several_lines_is_named_by_its_first() -> None:
+    """It was named by its last: a quote left open named the end of the file, far from it."""
+    data = (b'id,name,type\n'
+            b'\n'
+            b'A,"Two\nlines",other\n'
+            b'B,Bee,other\n'
+            b'C,"open quote,other\n'
+            b'D,Dee,other\n'
+            b'E,Eee,other\n')
+    got = parsed(data)
+    assert [line for line, _ in got] == [3, 5, 6]
+    assert got[2][1] == "C"  # its name took in the lines after it, up to the end
+
+
 def test_a_csv_header_that_cannot_be_read_refuses_the_file_with_its_line() -> None:
     assert parsed(b"id,n\xe4me,type\nA,x,other\n", "csv") == [
         (1, ("error: the CSV header cannot be read: not valid UTF-8 (invalid continuation "
