@@ -143,6 +143,11 @@ def parse_authority(
         if _text(line).strip():
             break
     if not head or not _text(head[-1]).strip():
+        # Nothing readable to tell the format by: the lines that could not be read (over the
+        # cap, not UTF-8) are still each a record refused, not a file found empty.
+        for number, line in enumerate(head, start=1):
+            if isinstance(line, Unreadable):
+                yield RecordError(number, line.message)
         return
     first = _text(head[-1])  # the first line that is not blank
     fmt = fmt or detect_format(first)

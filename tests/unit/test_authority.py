@@ -57,6 +57,18 @@ def test_a_csv_record_holding_a_line_that_is_not_utf8_is_refused_with_that_line(
     ]
 
 
+def test_a_file_of_nothing_but_unreadable_lines_refuses_each() -> None:
+    """It read as an empty file: nothing imported, nothing refused, exit 0."""
+    lines: list[bytes | TooLong] = [TooLong(MAX_LINE_BYTES + 1, MAX_LINE_BYTES), b"",
+                                    TooLong(MAX_LINE_BYTES * 2, MAX_LINE_BYTES)]
+    got = [(e.line, e.message) for e in parse_authority(decode_lines(lines))
+           if isinstance(e, RecordError)]
+    def too_long(size: int) -> str:
+        return f"line is {size} bytes long, more than the cap of {MAX_LINE_BYTES} bytes"
+
+    assert got == [(1, too_long(MAX_LINE_BYTES + 1)), (3, too_long(MAX_LINE_BYTES * 2))]
+
+
 def test_a_csv_record_over_several_lines_is_named_by_its_first() -> None:
     """It was named by its last: a quote left open named the end of the file, far from it."""
     data = (b'id,name,type\n'
