@@ -194,7 +194,8 @@ async def _serve(settings: Settings, service: IdentityService,
     server = grpc.aio.server(migration_thread_pool=handlers, options=GRPC_OPTIONS)
     add_identity_service(
         IdentityServicer(service, admin_token=settings.admin_token, blocking=handlers,
-                         max_followers=max(1, settings.max_workers // 4)),
+                         max_followers=max(1, settings.max_workers // 4),
+                         max_imports=max(1, settings.max_workers // 4)),
         server
     )
     # The asyncio servicers: a Watch stream or a reflection stream holds no thread.

@@ -153,15 +153,19 @@ class IdentityServicer:
     SQLite, cost no thread switch."""
 
     def __init__(self, service: IdentityService, *, admin_token: str | None,
-                 blocking: futures.Executor, max_followers: int = 4) -> None:
+                 blocking: futures.Executor, max_followers: int = 4,
+                 max_imports: int = 4) -> None:
         self.service = service
         self.admin_token = admin_token
         self._blocking = blocking
         self._writes = GroupWriter(service, blocking)
-        # Following ListChanges streams each poll the store: capped, so followers (or clients
-        # that stop reading) can never crowd out other calls.
+        # Following ListChanges streams each poll the store, and an import holds a pool thread
+        # for as long as its client keeps sending: both capped, so followers and imports (or
+        # clients that stop reading or sending) can never crowd out other calls.
         self.max_followers = max_followers
         self._followers = 0
+        self.max_imports = max_imports
+        self._imports = 0
 
     async def _off_loop(self, work: Callable[..., T], *args: Any) -> T:
         """work(*args) on the blocking pool (it may wait on locks or the store)."""
@@ -282,8 +286,17 @@ class IdentityServicer:
         fmt = _FORMAT.get(first.format)
         call = asyncio.current_task()
         assert call is not None
-        rest = blocking_iterator(request_iterator, asyncio.get_running_loop(), call)
-        report = await self._off_loop(self.service.import_lines, _lines(first, rest), fmt)
+        if self._imports >= self.max_imports:  # the loop's thread only: no lock needed
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this server already has {self.max_imports} imports in progress; retry when "
+                "one has ended")
+        self._imports += 1
+        try:
+            rest = blocking_iterator(request_iterator, asyncio.get_running_loop(), call)
+            report = await self._off_loop(self.service.import_lines, _lines(first, rest), fmt)
+        finally:
+            self._imports -= 1
         return pb.ImportAuthorityResponse(
             imported=report.imported, created=report.created, updated=report.updated,
             merged=report.merged, linked=report.linked,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -969,6 +970,50 @@ def test_following_streams_are_capped_and_other_calls_are_served(db_url: str) ->
                 pytest.fail("a following stream never got its slot back")
             again.cancel()
     finally:
+        running.stop(grace=0)
+
+
+def test_imports_in_progress_are_capped_and_other_calls_are_served(db_url: str) -> None:
+    """An import holds a pool thread while its client keeps the stream open (a slow or stalled
+    sender): imports are capped at a quarter of IDENTITY_MAX_WORKERS, as followers are."""
+    running = start_server(Settings(db_url=db_url, port=0, max_workers=4,
+                                    admin_token=ADMIN_TOKEN))
+    release = threading.Event()
+
+    def stalled() -> Iterator[pb.ImportAuthorityRequest]:
+        yield pb.ImportAuthorityRequest(format=pb.AUTHORITY_FORMAT_JSONL)
+        yield pb.ImportAuthorityRequest(data=b'{"id": "Q1", "name": "Ada", "type": "person"}\n')
+        release.wait(T)
+
+    def records(line: bytes) -> Iterator[pb.ImportAuthorityRequest]:
+        yield pb.ImportAuthorityRequest(format=pb.AUTHORITY_FORMAT_JSONL)
+        yield pb.ImportAuthorityRequest(data=line)
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            stub = Stub(ch)
+            first = stub.ImportAuthority.future(stalled(), metadata=ADMIN, timeout=T)
+            for _ in range(100):  # until the stalled import holds its slot
+                try:
+                    stub.ImportAuthority(records(b""), metadata=ADMIN, timeout=T)
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert "1 imports in progress" in (e.details() or "")
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("a second import was never refused")
+            for i in range(8):  # more calls than threads: none waits on the import
+                stub.Resolve(pb.ResolveRequest(mention=f"Thing {i}", entity_type="tool"),
+                             timeout=T)
+            release.set()
+            assert first.result(timeout=T).imported == 1
+            done = stub.ImportAuthority(  # the slot is free again
+                records(b'{"id": "Q2", "name": "Bea", "type": "person"}\n'), metadata=ADMIN,
+                timeout=T)
+            assert done.imported == 1
+    finally:
+        release.set()
         running.stop(grace=0)
 
 
