@@ -213,6 +213,7 @@ class IdentityClient:
         self.target = target
         self.policy = policy or RetryPolicy()
         self._admin_token = admin_token
+        self._tls = credentials is not None
         self._sleep = sleep
         options = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
                    ("grpc.max_send_message_length", 64 * 1024 * 1024)]
@@ -307,11 +308,13 @@ class IdentityClient:
             if self._outage_since is None:
                 self._outage_since = now
             if now + pause > self._outage_since + budget:
+                # A plaintext call to a TLS server fails as one to no server does.
+                tls = "" if self._tls else " and serving without TLS (else give --tls-ca)"
                 raise ServerUnavailable(
                     method, code,
                     f"{details} (gave up after {attempt} attempts: the server has been "
                     f"unreachable for the retry budget of {budget:g} s; is the identity server "
-                    f"at {self.target} running?)",
+                    f"at {self.target} running{tls}?)",
                 ) from error
             self._retries += 1
             # One line per outage, not one per call and attempt: with many papers in flight a

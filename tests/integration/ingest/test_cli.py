@@ -67,7 +67,11 @@ def test_unreachable_server_exits_non_zero(
     code = main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(tmp_path / "g.duckdb"),
                  "--server", address, "--no-progress"])
     assert code == 1
-    assert "UNAVAILABLE" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "UNAVAILABLE" in err
+    # a plaintext call to a TLS server fails just so: the message says what to check
+    assert f"is the identity server at {address} running and serving without TLS (else give " \
+           "--tls-ca)?" in err
 
 
 def test_missing_input_exits_non_zero(tmp_path: Path, stub: StubServer,
