@@ -162,10 +162,9 @@ class IdentityServicer:
         # Following ListChanges streams each poll the store, and an import holds a pool thread
         # for as long as its client keeps sending: both capped, so followers and imports (or
         # clients that stop reading or sending) can never crowd out other calls.
-        self.max_followers = max_followers
-        self._followers = 0
-        self.max_imports = max_imports
-        self._imports = 0
+        self._followers = _Slots(max_followers, "following ListChanges streams",
+                                 "read without follow and poll, or retry later")
+        self._imports = _Slots(max_imports, "imports in progress", "retry when one has ended")
 
     async def _off_loop(self, work: Callable[..., T], *args: Any) -> T:
         """work(*args) on the blocking pool (it may wait on locks or the store)."""
@@ -286,17 +285,12 @@ class IdentityServicer:
         fmt = _FORMAT.get(first.format)
         call = asyncio.current_task()
         assert call is not None
-        if self._imports >= self.max_imports:  # the loop's thread only: no lock needed
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"this server already has {self.max_imports} imports in progress; retry when "
-                "one has ended")
-        self._imports += 1
+        await self._imports.take(context)
         try:
             rest = blocking_iterator(request_iterator, asyncio.get_running_loop(), call)
             report = await self._off_loop(self.service.import_lines, _lines(first, rest), fmt)
         finally:
-            self._imports -= 1
+            self._imports.give_back()
         return pb.ImportAuthorityResponse(
             imported=report.imported, created=report.created, updated=report.updated,
             merged=report.merged, linked=report.linked,
@@ -309,18 +303,13 @@ class IdentityServicer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "after_sequence and limit must not be negative")
         if request.follow:
-            if self._followers >= self.max_followers:  # the loop's thread only: no lock needed
-                await context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"this server already has {self.max_followers} following ListChanges "
-                    "streams; read without follow and poll, or retry later")
-            self._followers += 1
+            await self._followers.take(context)
         try:
             async for change in self._changes(request, context):
                 yield change
         finally:
             if request.follow:
-                self._followers -= 1
+                self._followers.give_back()
 
     async def _changes(self, request: pb.ListChangesRequest,
                        context: Context) -> AsyncIterator[pb.ListChangesResponse]:
@@ -346,6 +335,27 @@ class IdentityServicer:
                 if not request.follow:
                     return
                 await asyncio.sleep(_FOLLOW_POLL_S)
+
+
+class _Slots:
+    """At most `limit` calls of one kind at a time; one more is RESOURCE_EXHAUSTED. Used from
+    the event loop's thread only, so it needs no lock."""
+
+    def __init__(self, limit: int, what: str, instead: str) -> None:
+        self.limit = limit
+        self._what = what
+        self._instead = instead
+        self._used = 0
+
+    async def take(self, context: Context) -> None:
+        if self._used >= self.limit:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"this server already has {self.limit} {self._what}; "
+                                f"{self._instead}")
+        self._used += 1
+
+    def give_back(self) -> None:
+        self._used -= 1
 
 
 def _lines(first: pb.ImportAuthorityRequest,
