@@ -460,9 +460,7 @@ class IdentityService:
     # -- checking input --------------------------------------------------------------------------
 
     def parse_mention(self, mention: str, entity_type: str) -> Mention:
-        if len(entity_type) > MAX_TYPE_LENGTH:
-            raise InvalidArgument(f"type is {len(entity_type)} characters long; the limit is "
-                                  f"{MAX_TYPE_LENGTH}")
+        _check_type_length(entity_type)
         display = display_form(mention)
         if not display:
             raise InvalidArgument("mention is empty (nothing left after normalisation)")
@@ -474,11 +472,8 @@ class IdentityService:
         k = key(display)
         if not k:
             raise InvalidArgument(f"mention {display!r} has no letters, digits or symbols")
-        if not display.isascii():  # an ASCII string is valid UTF-8
-            try:
-                display.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InvalidArgument("mention contains a lone surrogate: not valid Unicode") from e
+        if not display.isascii() and not _is_unicode(display):  # ASCII: no call, hot path
+            raise InvalidArgument("mention contains a lone surrogate: not valid Unicode")
         return _new_mention((display, self.config.vocabulary.for_mention(entity_type), entity_type, k))
 
     def _live(self, entity_id: str) -> Entity:
@@ -1052,9 +1047,7 @@ class IdentityService:
             raise InvalidArgument(f"id {entity_id!r} was merged into {existing.redirect_to}")
         if existing is not None and existing.status is not Status.CANONICAL:
             raise InvalidArgument(f"id {entity_id!r} belongs to a provisional entity")
-        if len(rec.entity_type) > MAX_TYPE_LENGTH:
-            raise InvalidArgument(f"type is {len(rec.entity_type)} characters long; the limit "
-                                  f"is {MAX_TYPE_LENGTH}")
+        _check_type_length(rec.entity_type)
         entity_type = self.config.vocabulary.for_authority(rec.entity_type)
         name = display_form(rec.name)
         if not name:
@@ -1070,12 +1063,9 @@ class IdentityService:
                 raise InvalidArgument(f"alias {i} ({a[:40]!r}...) is {len(a)} code points long; "
                                       f"the limit is {limit}")
         for what, text in (("id", entity_id), ("name", name), *(("an alias", a) for a in aliases)):
-            if not text.isascii():
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError:  # a JSON \ud800 escape: no character at all
-                    raise InvalidArgument(f"{what} contains a lone surrogate (a \\ud800-\\udfff "
-                                          "escape standing alone): not valid Unicode") from None
+            if not _is_unicode(text):  # a JSON \ud800 escape: no character at all
+                raise InvalidArgument(f"{what} contains a lone surrogate (a \\ud800-\\udfff "
+                                      "escape standing alone): not valid Unicode")
         return entity_id, name, entity_type, aliases
 
     def _collect_import_targets(self, keys: list[str], brought_by: dict[str, tuple[str, ...]],
@@ -1127,6 +1117,25 @@ def _forms_page(max_surface_forms: int | None, offset: int = 0) -> slice:
     if offset < 0:
         raise InvalidArgument(f"surface_forms_offset is {offset}; it must be 0 or more")
     return slice(offset, None if max_surface_forms is None else offset + max_surface_forms)
+
+
+def _check_type_length(raw: str) -> None:
+    """A type as given is kept (with the evidence), so it is capped: a mention's and a record's."""
+    if len(raw) > MAX_TYPE_LENGTH:
+        raise InvalidArgument(f"type is {len(raw)} characters long; the limit is "
+                              f"{MAX_TYPE_LENGTH}")
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether text is Unicode a UTF-8 store can hold: no lone surrogate (which JSON, or an
+    in-process caller, can give)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _checked_id(value: str, what: str = "id") -> str:
