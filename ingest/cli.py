@@ -106,9 +106,10 @@ def _client(settings: Settings, address: str) -> IdentityClient:
 
 def _store_name(settings: Settings) -> str:
     """The identity store, as an error names it: the embedded server's by its URL (its port is
-    picked afresh each run, and means nothing to the user)."""
+    picked afresh each run, and means nothing to the user); "" for a server's, which
+    ``check_same_store`` names by its address."""
     if settings.server:
-        return f"the identity store behind {settings.server}"
+        return ""
     return f"the identity store {_without_password(settings.embedded_db_url)}"
 
 
