@@ -349,7 +349,7 @@ def _python_probe_shards(hashes: list[int], shards: list[_Shard], anchors: list[
 
 
 # The same loops in C where they were built: a lookup at 1M entities ~23 -> ~3 µs in a loop of
-# lookups (benchmarks/README.md, stop 41).
+# lookups (benchmarks/HISTORY.md, stop 41).
 _probe_overlay = native.probe_overlay if native else _python_probe_overlay
 _probe_shards = native.probe if native else _python_probe_shards
 
