@@ -30,7 +30,12 @@ from identity_server.authority import (
     split_lines,
     unpacked,
 )
-from identity_server.command_line import add_command, parse_command_line, server_address
+from identity_server.command_line import (
+    add_command,
+    parse_command_line,
+    server_address,
+    whole_number,
+)
 from identity_server.errors import IdentityError, InvalidArgument, StartupError
 from identity_server.settings import Settings, describe_settings_error, unknown_environment
 
@@ -127,16 +132,16 @@ def _parser() -> argparse.ArgumentParser:
 
     ent = add_command(sub, "entity", help="show an entity: names, status, evidence, redirect")
     ent.add_argument("entity_id")
-    ent.add_argument("--forms", type=_count, default=20,
+    ent.add_argument("--forms", type=whole_number, default=20,
                      help="surface forms to fetch and print (default 20; 0: all)")
-    ent.add_argument("--forms-offset", type=_count, default=0,
+    ent.add_argument("--forms-offset", type=whole_number, default=0,
                      help="skip this many surface forms first, to page through them")
     remote.add_connection_options(ent)
     ent.set_defaults(run=remote.entity)
 
     links = add_command(sub, "links", help="list open possibly_same_as links (the review queue)")
     links.add_argument("--entity", help="only links touching this entity")
-    links.add_argument("--limit", type=_count, default=100,
+    links.add_argument("--limit", type=whole_number, default=100,
                        help="at most this many (default 100; 0: all)")
     remote.add_connection_options(links)
     links.set_defaults(run=remote.links)
@@ -254,17 +259,6 @@ def _readable(f: BufferedIOBase, path: Path, kind: str, stopped: list[str]) -> I
         stopped.append(broke_off(kind, number, e))
     except InvalidArgument as e:  # a UTF-16 file
         raise InvalidArgument(f"{path}: {e}") from e
-
-
-def _count(text: str) -> int:
-    """A whole number of at least 0, for argparse."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more (got {value})")
-    return value
 
 
 if __name__ == "__main__":

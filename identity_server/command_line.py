@@ -1,5 +1,5 @@
-"""Command-line parsing the two CLIs share: subcommands that report their own mistakes, and
-the check of a server address.
+"""Command-line parsing the two CLIs share: subcommands that report their own mistakes, the
+check of a server address, of a count and of an admin token.
 
 argparse reports an unknown option (`serve --prot 0`) with the top-level usage, which does not
 show the options the subcommand takes, and a top-level option given after the subcommand
@@ -9,6 +9,7 @@ show the options the subcommand takes, and a top-level option given after the su
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 
 _COMMAND_PARSER = "command_parser"
@@ -68,3 +69,24 @@ def server_address(text: str) -> str:
         return grpc_target(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{e}, got {text!r}") from None
+
+
+def whole_number(text: str) -> int:
+    """A whole number of at least 0, for argparse (which then names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def header_safe_token(token: str | None) -> str | None:
+    """An admin token as both CLIs' settings take it. It travels in a gRPC header
+    (`authorization: Bearer <token>`), which takes visible ASCII only: any other token could
+    never be presented. ValueError says so (never echoing the token)."""
+    if token is not None and not re.fullmatch(r"[\x21-\x7e]+", token):
+        raise ValueError("must be visible ASCII characters, with no spaces or accents "
+                         "(it is sent in a gRPC header)")
+    return token

@@ -13,6 +13,8 @@ import re
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from identity_server.command_line import header_safe_token
+
 # The largest gRPC message the server and its command-line clients send or take: a full batch of
 # 5,000 mentions of 512 code points fits, and so does an entity with many thousands of spellings.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -78,12 +80,7 @@ class Settings(BaseSettings):
     @field_validator("admin_token")
     @classmethod
     def _header_safe(cls, token: str | None) -> str | None:
-        """The token travels in a gRPC header (`authorization: Bearer <token>`), which takes
-        visible ASCII only: any other token could never be presented."""
-        if token is not None and not re.fullmatch(r"[\x21-\x7e]+", token):
-            raise ValueError("must be visible ASCII characters, with no spaces or accents "
-                             "(it is sent in a gRPC header)")
-        return token
+        return header_safe_token(token)
 
 
 _SECRET = re.compile("token|password|secret")

@@ -1,10 +1,11 @@
 """The ``ingest`` command line: ``run``, ``sync`` and ``stats``.
 
 The only place that reads settings, configures logging and prints. Without ``--server`` it starts
-an embedded identity server in-process (SQLite in the working directory). The only place ingest
-imports ``identity_server``: lazily, the embedded server and the settings checks the two
-commands share (``identity_server.settings``); and the command-line parsing they share
-(``identity_server.command_line``). Neither imports anything of the server's.
+an embedded identity server in-process (SQLite in the working directory). Ingest imports
+``identity_server`` here only: lazily, the embedded server and the settings checks the two
+commands share (``identity_server.settings``); and, here and in ``ingest.settings``, the
+command-line parsing and checks they share (``identity_server.command_line``, which imports
+nothing of the server's).
 
 Exit codes: 0 the job ran (even if some items were rejected: see the summary); 1 the job could not
 run (server unreachable for the whole retry budget, database locked, input missing); 2 bad usage.
@@ -24,7 +25,12 @@ from typing import Any
 
 import grpc
 
-from identity_server.command_line import add_command, command_parser, parse_command_line
+from identity_server.command_line import (
+    add_command,
+    command_parser,
+    parse_command_line,
+    whole_number,
+)
 from ingest.client import IdentityClient, IdentityError, RetryPolicy
 from ingest.pipeline import (
     JobError,
@@ -326,17 +332,6 @@ def cmd_stats(settings: Settings, top: int) -> int:
     return 0
 
 
-def _count(text: str) -> int:
-    """A whole number >= 0, for argparse (which then names the flag in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ingest",
@@ -369,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = add_command(sub, "stats", help="what the graph holds")
     stats.add_argument("--db", type=Path, help="DuckDB graph file (env INGEST_DB)")
-    stats.add_argument("--top", type=_count, default=10,
+    stats.add_argument("--top", type=whole_number, default=10,
                        help="how many entities, and open links, to list (default 10)")
     return parser
 

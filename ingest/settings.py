@@ -6,13 +6,12 @@ or by the matching command-line flag, which wins.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from identity_server.command_line import grpc_target
+from identity_server.command_line import grpc_target, header_safe_token
 from ingest.models import Limits
 
 
@@ -60,12 +59,7 @@ class Settings(BaseSettings):
     @field_validator("admin_token")
     @classmethod
     def _header_safe(cls, token: str | None) -> str | None:
-        """The token travels in a gRPC header (`authorization: Bearer <token>`), which takes
-        visible ASCII only: any other token could never be presented."""
-        if token is not None and not re.fullmatch(r"[\x21-\x7e]+", token):
-            raise ValueError("must be visible ASCII characters, with no spaces or accents "
-                             "(it is sent in a gRPC header)")
-        return token
+        return header_safe_token(token)
 
     @field_validator("server")
     @classmethod
