@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
+    # grpcio's own debug lines (its event loop's plumbing, a few for every call) are not what
+    # --log-level debug asks for: gRPC's tracing has variables of its own (GRPC_TRACE).
+    logging.getLogger("grpc").setLevel(logging.INFO)
     for warning in unknown_environment():
         logger.warning("%s", warning)
     try:
@@ -88,7 +91,8 @@ def _hint(code: grpc.StatusCode, args: argparse.Namespace) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="identity-server", description=__doc__)
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="default info; debug logs every call and decision")
     sub = p.add_subparsers(required=True, metavar="COMMAND")
 
     serve = add_command(sub, "serve", help="run the gRPC server until SIGTERM or Ctrl-C")

@@ -375,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("grpc").setLevel(logging.INFO)  # not grpcio's plumbing at -vv: GRPC_TRACE
     from identity_server.settings import unknown_environment
 
     for warning in unknown_environment(Settings):
