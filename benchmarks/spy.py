@@ -16,7 +16,9 @@ asyncio, SQLite, protobuf, ...), and the top functions by own and by inclusive s
 `--native`, C frames (SQLite, gRPC core, CPython) are sampled too and counted in their layer.
 
 A measuring aid, not part of the suite: its figures are shares of one run's samples, not ratios
-against a baseline, and sampling slows the server (py-spy pauses it for each sample).
+against a baseline, and sampling slows the server (py-spy pauses it for each sample). SQLite
+releases the GIL while it works, so its own time shows in the share of wall time the GIL is free,
+not in the tables.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import collections
 import logging
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -43,9 +46,10 @@ logger = logging.getLogger("benchmarks.spy")
 
 HERE = Path(__file__).resolve().parent
 N_ENTITIES = 1_000_000
-# Loads larger than any round can send in its time, so the load outlasts the sampling.
-BATCH_ITEMS = 400_000
-UNARY_CALLS = 80_000
+# Mentions a second of sampling, about twice what the server resolves on a fast 2-core host, so
+# the load outlasts the sampling (which also stops early if the load runs out: see spy_on).
+BATCH_ITEMS_A_SECOND = 40_000
+UNARY_CALLS_A_SECOND = 6_000
 FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*)\)$")
 
 # (layer, test on a frame's file or function) in order: the first that holds names the layer.
@@ -136,21 +140,28 @@ def _label(function: str, file: str) -> str:
     return f"{function} ({short})"
 
 
-def requests_for(goal: str, pool: Sequence[Any]) -> tuple[Callable[[Client], Any], list[Any],
-                                                           int]:
-    """(the client method, the requests, the callers) of one goal's load."""
+Load = tuple[Callable[[Client], Any], list[Any], int]  # client method, requests, callers
+
+
+def load_for(goal: str, pool: Sequence[Any], seconds: float) -> Load:
+    """One goal's load, enough for `seconds` of sampling: fresh mentions throughout, so the
+    share of calls that write stays the goal's."""
     if goal == "batch":
-        mentions = mention_mix(pool, BATCH_ITEMS, bench_batch.MIX, seed=7001)
+        mentions = mention_mix(pool, int(seconds * BATCH_ITEMS_A_SECOND), bench_batch.MIX,
+                               seed=7001)
         tag = f"spy-{int(time.time())}"
         return (lambda c: c.resolve_batch,
                 batch_requests(mentions, bench_batch.GOAL_SIZE, tag), 4)
-    mentions = mention_mix(pool, UNARY_CALLS, bench_unary.MIX, seed=7002)
+    mentions = mention_mix(pool, int(seconds * UNARY_CALLS_A_SECOND), bench_unary.MIX,
+                           seed=7002)
     return (lambda c: c.resolve, unary_requests(mentions), bench_unary.CALLERS)
 
 
 def spy_on(goal: str, db: Path, pool: Sequence[Any], *, seconds: float, rate: int,
            native: bool, raw_out: Path) -> str:
-    method, requests, callers = requests_for(goal, pool)
+    """Sample the server for `seconds` of its goal's load, or until the load runs out (the
+    GIL's share is of the time sampled)."""
+    method, requests, callers = load_for(goal, pool, seconds)
     with identity_server(db) as srv, Client(srv.address, srv.pid) as client:
         call = method(client)
         drive(call, requests[:200], concurrency=callers)  # warm up, unsampled
@@ -160,13 +171,24 @@ def spy_on(goal: str, db: Path, pool: Sequence[Any], *, seconds: float, rate: in
         load.start()
         time.sleep(1.0)  # the load at its pace before sampling starts
         argv = [_py_spy(), "record", "--pid", str(srv.pid), "--format", "raw",
-                "--output", str(raw_out), "--duration", str(int(seconds)), "--rate", str(rate),
-                "--gil", "--full-filenames", "--nolineno"]
+                "--output", str(raw_out), "--rate", str(rate), "--gil", "--full-filenames",
+                "--nolineno"]
         if native:
             argv.append("--native")
-        subprocess.run(argv, check=True, capture_output=True, timeout=seconds + 60)
+        spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        started = time.monotonic()
+        load.join(seconds)
+        sampled = time.monotonic() - started
+        spy.send_signal(signal.SIGINT)  # py-spy writes what it has sampled, and exits
+        try:
+            _, err = spy.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            raise
+        if spy.returncode != 0 or not raw_out.exists():
+            raise RuntimeError(f"py-spy failed: {err.decode(errors='replace')[-500:]}")
         load.join(seconds + 60)
-    return summarise(parse_raw(raw_out.read_text()), seconds=seconds, rate=rate)
+    return summarise(parse_raw(raw_out.read_text()), seconds=sampled, rate=rate)
 
 
 def _py_spy() -> str:

@@ -50,7 +50,8 @@ def add_connection_options(parser: argparse.ArgumentParser, *, admin: bool = Fal
     """--server, --timeout, --tls-ca and --json; and --admin-token for admin commands."""
     parser.add_argument("--server", type=server_address, default="127.0.0.1:50051",
                         help="host:port of the server (default 127.0.0.1:50051)")
-    parser.add_argument("--timeout", type=seconds, default=10.0, help="deadline of each call, s (default 10)")
+    parser.add_argument("--timeout", type=seconds, default=10.0,
+                        help="deadline of each call, s (default 10)")
     parser.add_argument("--tls-ca", type=Path,
                         help="PEM root certificates: talk TLS (to a server run with --tls-cert)")
     parser.add_argument("--json", action="store_true", help="print the reply as JSON")

@@ -1,11 +1,11 @@
 """The ``ingest`` command line: ``run``, ``sync`` and ``stats``.
 
 The only place that reads settings, configures logging and prints. Without ``--server`` it starts
-an embedded identity server in-process (SQLite in the working directory). Ingest imports
-``identity_server`` here only: lazily, the embedded server and the settings checks the two
-commands share (``identity_server.settings``); and, here and in ``ingest.settings``, the
-command-line parsing and checks they share (``identity_server.command_line``, which imports
-nothing of the server's).
+an embedded identity server in-process (SQLite in the working directory). Where ingest imports
+``identity_server``: here, lazily, the embedded server and the settings checks the two commands
+share (``identity_server.settings``); here and in ``ingest.settings``, the command-line parsing
+and checks they share (``identity_server.command_line``, which imports nothing of the
+server's).
 
 Exit codes: 0 the job ran (even if some items were rejected: see the summary); 1 the job could not
 run (server unreachable for the whole retry budget, database locked, input missing); 2 bad usage.
