@@ -32,6 +32,7 @@ from identity_server.authority import (
 )
 from identity_server.command_line import (
     add_command,
+    configure_logging,
     parse_command_line,
     server_address,
     whole_number,
@@ -48,14 +49,7 @@ logger = logging.getLogger("identity_server")
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parse_command_line(parser, argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-    # grpcio's own debug lines (its event loop's plumbing, a few for every call) are not what
-    # --log-level debug asks for: gRPC's tracing has variables of its own (GRPC_TRACE).
-    logging.getLogger("grpc").setLevel(logging.INFO)
+    configure_logging(getattr(logging, args.log_level.upper()))
     for warning in unknown_environment():
         logger.warning("%s", warning)
     try:

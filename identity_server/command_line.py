@@ -1,5 +1,5 @@
 """Command-line parsing the two CLIs share: subcommands that report their own mistakes, the
-check of a server address, of a count and of an admin token.
+check of a server address, of a count and of an admin token; and their logging set-up.
 
 argparse reports an unknown option (`serve --prot 0`) with the top-level usage, which does not
 show the options the subcommand takes, and a top-level option given after the subcommand
@@ -9,7 +9,9 @@ show the options the subcommand takes, and a top-level option given after the su
 from __future__ import annotations
 
 import argparse
+import logging
 import re
+import sys
 from collections.abc import Sequence
 
 _COMMAND_PARSER = "command_parser"
@@ -90,3 +92,12 @@ def header_safe_token(token: str | None) -> str | None:
         raise ValueError("must be visible ASCII characters, with no spaces or accents "
                          "(it is sent in a gRPC header)")
     return token
+
+
+def configure_logging(level: int) -> None:
+    """Log lines to stderr at `level`, one format for both CLIs. grpcio's own debug lines (its
+    event loop's plumbing, a few for every call) are left out even at debug: they are not what
+    a verbose run asks for, and gRPC's tracing has variables of its own (GRPC_TRACE)."""
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("grpc").setLevel(max(level, logging.INFO))

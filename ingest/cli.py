@@ -28,6 +28,7 @@ import grpc
 from identity_server.command_line import (
     add_command,
     command_parser,
+    configure_logging,
     parse_command_line,
     whole_number,
 )
@@ -373,9 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse_command_line(parser, argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("grpc").setLevel(logging.INFO)  # not grpcio's plumbing at -vv: GRPC_TRACE
+    configure_logging(level)
     from identity_server.settings import unknown_environment
 
     for warning in unknown_environment(Settings):
