@@ -41,6 +41,20 @@ class MatchKind(enum.StrEnum):
     NEW = "NEW"
 
 
+RETIRED = "retired"  # a stored name's kind once the authority stopped listing it
+
+
+@dataclass(frozen=True, slots=True)
+class NameRow:
+    """One stored name of an entity: its kind (a NameKind value or RETIRED), its position among
+    the names of that kind, and where it came from."""
+
+    display: str
+    kind: str
+    position: int
+    source: str
+
+
 class Rule(enum.IntEnum):
     """The rules of SPEC section 2, in the order Resolve tries them."""
 
@@ -86,9 +100,6 @@ class Name:
 
 
 _KIND_ORDER = {NameKind.NAME: 0, NameKind.ALIAS: 1, NameKind.SURFACE: 2}
-# Read on every resolve, as module names: on Python 3.11 `NameKind.SURFACE` goes through
-# EnumType.__getattr__'s slot (~100 ns against ~7; see matching's note).
-_NAME, _SURFACE = NameKind.NAME, NameKind.SURFACE
 # From this many names on, an entity answers "which of its names is this display form?" from
 # tables built on first use: a much-mentioned entity gathers a surface form for every spelling
 # that converged on it, and a scan of thousands of names on each repeat mention of it would cost
@@ -212,7 +223,7 @@ class Entity:
         entity (thousands of spellings) takes a new one without a pass over its names."""
         names = self.names
         top = self._top()
-        if name.kind is not _SURFACE or name.position <= top:
+        if name.kind is not NameKind.SURFACE or name.position <= top:
             return dataclasses.replace(self, names=names + (name,))
         updated = Entity(self.entity_id, self.entity_type, self.status, self.ordinal,
                          self.placeholder, self.redirect_to, names + (name,), ordered=True)
@@ -253,7 +264,7 @@ class Entity:
     def _top(self) -> int:
         """The position of its last surface form (-1: none): what of the shared tables it sees."""
         names = self.names
-        return names[-1].position if names and names[-1].kind is _SURFACE else -1
+        return names[-1].position if names and names[-1].kind is NameKind.SURFACE else -1
 
     def next_position(self) -> int:
         """One past the highest position of its names. Each kind's names are in position order
@@ -270,7 +281,7 @@ class Entity:
         """Where the surface forms begin in `names` (they come last, after the few name and
         aliases): its surface forms are `names[surface_start():]`."""
         for i, n in enumerate(self.names):
-            if n.kind is _SURFACE:
+            if n.kind is NameKind.SURFACE:
                 return i
         return len(self.names)
 
@@ -294,7 +305,7 @@ class Entity:
             return [n for n in names if n.display == display]
         found = self._display_table().get(display, ())
         top = self._top()
-        return [n for n in found if n.kind is not _SURFACE or n.position <= top]
+        return [n for n in found if n.kind is not NameKind.SURFACE or n.position <= top]
 
     def has_display(self, display: str) -> bool:
         return bool(self.with_display(display))
@@ -317,7 +328,7 @@ class Entity:
         # Those of later versions come last, by position: this version's are a prefix.
         top = self._top()
         end = len(found)
-        while end and found[end - 1].kind is _SURFACE and found[end - 1].position > top:
+        while end and found[end - 1].kind is NameKind.SURFACE and found[end - 1].position > top:
             end -= 1
         return _Visible(found, end)
 
@@ -361,7 +372,7 @@ class Entity:
     @property
     def name(self) -> str:
         for n in self.names:
-            if n.kind is _NAME:
+            if n.kind is NameKind.NAME:
                 return n.display
         return ""
 

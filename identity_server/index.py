@@ -26,9 +26,6 @@ JOURNAL_LENGTH = 32
 # A typo pack is due when the overlay holds this share of the packed anchors (and the service's
 # floor): an overlay anchor costs ~10x a packed one, a pack costs a pass over the packed array.
 _PACK_SHARE = 64
-# Read on every resolve, as module names: on Python 3.11 `Status.MERGED` goes through
-# EnumType.__getattr__'s slot (~100 ns against ~7; see matching's note).
-_MERGED, _SURFACE = Status.MERGED, NameKind.SURFACE
 
 
 class NameIndex:
@@ -198,18 +195,18 @@ class NameIndex:
         self._entities[eid] = entity
         if entity.placeholder or (old is not None and old.placeholder):
             self._file_placeholder(old, -1)
-            if (old is not None and old.placeholder and old.status is not _MERGED
-                    and entity.status is _MERGED and old.name):
+            if (old is not None and old.placeholder and old.status is not Status.MERGED
+                    and entity.status is Status.MERGED and old.name):
                 self._merged_pairs[eid] = old.name  # merged away: still its pair's
             self._file_placeholder(entity, 1)
-        live = entity.status is not _MERGED
+        live = entity.status is not Status.MERGED
         after = entity.names if live else ()
         if old is None:
             self._index_new(eid, after)  # the start-up path: nothing to compare
             if self._bulk_anchors is None:
                 self._journal.append(((), entity.name_keys() if live else ()))
         else:
-            was_live = old.status is not _MERGED
+            was_live = old.status is not Status.MERGED
             before = old.names if was_live else ()
             grown = live and was_live and entity.grew_from(before)
             self._reindex(eid, before, after, grown=grown)
@@ -359,7 +356,7 @@ def anchor_keys(names: tuple[Name, ...]) -> set[str]:
     never anchors, come last: a much-mentioned entity's thousands are not looked at)."""
     found = set()
     for n in names:
-        if n.kind is _SURFACE:
+        if n.kind is NameKind.SURFACE:
             break
         if _is_anchor(n):
             found.add(n.key)
@@ -368,7 +365,7 @@ def anchor_keys(names: tuple[Name, ...]) -> set[str]:
 
 def _is_anchor(n: Name) -> bool:
     """Typo anchors: names and aliases (never surface forms) with keys of 4+ characters."""
-    return n.kind is not _SURFACE and len(n.key) >= MIN_TYPO_KEY
+    return n.kind is not NameKind.SURFACE and len(n.key) >= MIN_TYPO_KEY
 
 
 __all__ = ["MIN_TYPO_KEY", "NameIndex", "anchor_keys"]

@@ -18,13 +18,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from identity_server import core
 from identity_server.domain import TypeVocabulary
 from identity_server.errors import StartupError
 from identity_server.handlers import SERVICE, add_identity_service, add_service
 from identity_server.service import IdentityService, ServiceConfig
 from identity_server.servicer import IdentityServicer
 from identity_server.settings import MAX_MESSAGE_BYTES, Settings
-from identity_server.store.sql import SqlStore
+from identity_server.store import SqlStore
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,7 +54,7 @@ def build_service(settings: Settings) -> IdentityService:
         promote_after_papers=settings.promote_after_papers,
         batch_reply_ttl_seconds=settings.batch_reply_ttl_seconds,
     )
-    return IdentityService(store, config)
+    return IdentityService(store, config, core=core.use(settings.core))
 
 
 class EventLoopThread:

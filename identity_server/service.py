@@ -18,17 +18,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
-from identity_server import json_text
+from identity_server import json_text, lifecycle
 from identity_server.authority import AuthorityRecord, Line, RecordError, parse_authority
+from identity_server.core import Core, selected
 from identity_server.domain import (
-    OTHER,
     Entity,
     MatchKind,
     NameKind,
-    Rule,
     Status,
     TypeVocabulary,
     is_provisional_id,
@@ -43,22 +42,17 @@ from identity_server.errors import (
     StoreUnavailable,
 )
 from identity_server.index import NameIndex, anchor_keys
-from identity_server.matching import Decision, Outcome, decide, pair_candidates, still_stands
+from identity_server.lifecycle import CURATOR
+from identity_server.matching import Decision, Outcome, pair_candidates, still_stands
 from identity_server.normalize import display_form, key, warm_up
-from identity_server.store.sql import ChangeRecord, LinkRow, SqlStore, Tx, WouldBlock
-from identity_server.tuples import maker
-from identity_server.unit import CURATOR, DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
+from identity_server.store import ChangeRecord, LinkRow, SqlStore, Tx, WouldBlock
+from identity_server.unit import DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
+from identity_server.write_queue import WriteQueue
 
 logger = logging.getLogger(__name__)
 
 PACK_RETRY_AFTER_S = 60.0  # after a failed typo pack, the next waits this long
 T = TypeVar("T")
-
-# Read on every resolve, as module names: on Python 3.11 `Status.MERGED` goes through
-# EnumType.__getattr__'s slot (~100 ns against ~7; see matching's note).
-_CONVERGED, _AMBIGUOUS = Outcome.CONVERGED, Outcome.AMBIGUOUS
-_MERGED, _PROVISIONAL = Status.MERGED, Status.PROVISIONAL
-_SURFACE, _EXACT = NameKind.SURFACE, Rule.EXACT
 
 IMPORT_CHUNK = 1000
 # An import collects its merge targets again after merging, in case a change landed meanwhile;
@@ -149,39 +143,22 @@ class ImportReport:
     errors: tuple[RecordError, ...] = ()
 
 
-# NamedTuples rather than frozen dataclasses (whose __init__ sets each field through
-# object.__setattr__): every lock-free look makes a _Prior, and a writing Resolve a
-# DeferredResolve too.
 class _Prior(NamedTuple):
-    """A decision already made for a mention, and the index generation it was made at: it
-    stands while no entity that could be one of its candidates has changed since (decide() is
-    a function of the index; see matching.still_stands)."""
+    """A decision made by a lock-free look, and the index generation it was made at: it stands
+    while no entity that could be one of its candidates has changed since (decide() is a
+    function of the index; see matching.still_stands)."""
 
     decision: Decision
     looked_at: NameIndex  # the index it was made on (a reload replaces the index)
     generation: int
 
 
-class DeferredResolve(NamedTuple):
-    """What is left of a Resolve that `begin_resolve` could not answer at once: a lookup-only
-    one that needs the lock, or one that may write. `prior` is the lock-free look's decision,
-    when it ran (a write reuses it while the index is unchanged)."""
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A request on the write queue: the batch, and the lock-free look's decisions, if any."""
 
-    mention: Mention
-    context_id: str
-    prior: _Prior | None = None
-    lookup_only: bool = False
-
-
-@dataclass(slots=True)
-class _Pending:
-    """One Resolve waiting for a shared transaction, and what became of it. `done` is set when
-    its result or error is in, or when the leader hands it the lead (both still None)."""
-
-    resolve: DeferredResolve
-    result: ResolveResult | None = None
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    batch: PreparedBatch
+    priors: list[_Prior | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,17 +175,15 @@ class ServiceConfig:
     typo_pack_at: int = 50_000
 
 
-# The resolve path's records, from every field in order (see tuples.maker).
-_new_mention, _new_result = maker(Mention), maker(ResolveResult)
-_new_prior, _new_deferred = maker(_Prior), maker(DeferredResolve)
-
-
 class IdentityService:
     """The identity server's use cases over one store and its in-memory index."""
 
-    def __init__(self, store: SqlStore, config: ServiceConfig) -> None:
+    def __init__(self, store: SqlStore, config: ServiceConfig, *,
+                 core: Core | None = None) -> None:
         self.store = store
         self.config = config
+        self.core = core or selected()  # the per-mention hot loop (see identity_server.core)
+        self.writes: WriteQueue[_Job, BatchReply] = WriteQueue(self._write_group)
         self.index = NameIndex()
         self._seq = 0
         self._lock = threading.RLock()
@@ -216,9 +191,6 @@ class IdentityService:
         # without the lock can tell whether what it read may be torn (see _answer).
         self._index_version = 0
         self._settled_marker: bytes | None = None  # store.commit_marker() the index is current at
-        self._waiting: list[_Pending] = []  # resolves queued for the next shared transaction
-        self._leading = False  # a thread is resolving a group (under _waiting_lock)
-        self._waiting_lock = threading.Lock()
         self._known_papers: dict[str, set[str]] = {}
         self._batches_written = 0
         self._packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="typo-pack")
@@ -245,7 +217,8 @@ class IdentityService:
             gc.freeze()  # the index lives as long as the process: keep it out of later collections
             if collecting:
                 gc.enable()
-        logger.info("index built: %d entities, feed at %d", len(self.index), self._seq)
+        logger.info("index built: %d entities, feed at %d; resolve core: %s", len(self.index),
+                    self._seq, self.core.name)
 
     def _catch_up(self, tx: Tx) -> None:
         changes = tx.changes_after(self._seq)
@@ -332,10 +305,10 @@ class IdentityService:
         for eid, before in touched.items():
             entity = index.get(eid)  # a new placeholder can be another pair's best candidate
             near = []
-            if entity is not None and entity.status is not _MERGED:
+            if entity is not None and entity.status is not Status.MERGED:
                 near = index.placeholders_near(entity, by_typo=eid in u.reanchored)
             if (before is not None and eid in u.reanchored  # not a surface form alone
-                    and before.status is not _MERGED and _lost_names(before, entity)):
+                    and before.status is not Status.MERGED and _lost_names(before, entity)):
                 # It left pairs it was a candidate of (merged away, or a name retired): their
                 # other candidates may be best now.
                 near += index.placeholders_near(before)
@@ -343,7 +316,7 @@ class IdentityService:
                 if placeholder.entity_id not in checked:
                     checked.add(placeholder.entity_id)
                     # A placeholder merged away is still its pair's: linked through its redirect.
-                    owner = (placeholder if placeholder.status is not _MERGED
+                    owner = (placeholder if placeholder.status is not Status.MERGED
                              else index.live(placeholder.entity_id))
                     if owner is None:
                         continue
@@ -388,7 +361,8 @@ class IdentityService:
                     "installed" if installed else "dropped: the index was rebuilt")
 
     def close(self) -> None:
-        """Finish a typo pack in flight, then close the store."""
+        """Finish the queued writes and a typo pack in flight, then close the store."""
+        self.writes.close()
         self._packer.shutdown(wait=True, cancel_futures=True)
         self.store.close()
 
@@ -461,7 +435,7 @@ class IdentityService:
 
     def parse_mention(self, mention: str, entity_type: str) -> Mention:
         _check_type_length(entity_type)
-        display = display_form(mention)
+        display, k = self.core.normalize(mention)
         if not display:
             raise InvalidArgument("mention is empty (nothing left after normalisation)")
         if len(display) > self.config.max_mention_length:
@@ -469,12 +443,11 @@ class IdentityService:
                 f"mention is {len(display)} code points long; the limit is "
                 f"{self.config.max_mention_length}"
             )
-        k = key(display)
         if not k:
             raise InvalidArgument(f"mention {display!r} has no letters, digits or symbols")
         if not display.isascii() and not _is_unicode(display):  # ASCII: no call, hot path
             raise InvalidArgument("mention contains a lone surrogate: not valid Unicode")
-        return _new_mention((display, self.config.vocabulary.for_mention(entity_type), entity_type, k))
+        return Mention(display, self.config.vocabulary.for_mention(entity_type), entity_type, k)
 
     def _live(self, entity_id: str) -> Entity:
         entity = self.index.live(_checked_entity_id(entity_id))
@@ -483,70 +456,38 @@ class IdentityService:
         return entity
 
     # -- resolving -------------------------------------------------------------------------------
+    #
+    # One path for every resolve: check and parse the request, then answer it from the index at
+    # once when it writes nothing (no lock), else queue it on the write queue, whose groups are
+    # each one transaction in which every mention is decided, its writes planned
+    # (lifecycle.plan_resolve) and applied, in order. A Resolve is a batch of one.
 
     def resolve(self, mention: str, entity_type: str, *, context_id: str = "",
                 lookup_only: bool = False) -> ResolveResult:
-        answer = self.begin_resolve(mention, entity_type, context_id=context_id,
-                                    lookup_only=lookup_only)
-        return answer if isinstance(answer, ResolveResult) else self.finish_resolve(answer)
-
-    def begin_resolve(self, mention: str, entity_type: str, *, context_id: str = "",
-                      lookup_only: bool = False) -> ResolveResult | DeferredResolve:
-        """`resolve` as far as it goes without waiting: the result when the index answers at
-        once (nothing to write, no lock, no catch-up), else what is left, for `finish_resolve`
-        (or, when it writes, `resolve_deferred`). An invalid mention raises here. The server's
-        event loop answers most repeat mentions this way and hands the rest to a thread."""
-        _checked_id(context_id, "context id")
-        m = self.parse_mention(mention, entity_type)
-        if lookup_only:
-            looked = self._answer_at_once(self._look, m)
-            return looked if looked is not None else DeferredResolve(m, "", lookup_only=True)
-        if context_id:  # evidence is recorded: always a write
-            return DeferredResolve(m, context_id)
-        # Most repeat mentions change nothing: answer them without taking the write lock.
-        looked_now = self._answer_at_once(self._converged_without_writes, m)
-        if looked_now is None:
-            return DeferredResolve(m, "")
-        unchanged, prior = looked_now
-        return unchanged if unchanged is not None else _new_deferred((m, "", prior, False))
-
-    def finish_resolve(self, d: DeferredResolve) -> ResolveResult:
-        """The rest of a Resolve `begin_resolve` deferred; it may wait on the lock."""
-        if d.lookup_only:
-            return self._answer(self._look, d.mention)
-        looked = self.look_again(d)
-        if isinstance(looked, ResolveResult):
-            return looked
-        return self._resolve_together(looked)
-
-    def look_again(self, d: DeferredResolve) -> ResolveResult | DeferredResolve:
-        """For a writing Resolve whose lock-free look could not run (the index was changing or
-        behind the store): that look under the process lock, after catching up, but not under
-        the store's write lock, so another process's write does not hold it up. The reply when
-        nothing needs writing, else the write with the look's decision. May wait on the lock."""
-        if d.prior is not None or d.context_id or d.lookup_only:
-            return d
-        unchanged, prior = self._answer(self._converged_without_writes, d.mention)
-        return unchanged if unchanged is not None else DeferredResolve(d.mention, "", prior=prior)
-
-    def resolve_deferred(self, group: Sequence[DeferredResolve], *,
-                         wait: bool = True) -> list[ResolveResult]:
-        """Writing Resolves (none lookup-only) in one transaction, in order, as if called one
-        at a time: group commit for a caller that gathers them itself (the server's loop).
-        wait=False: WouldBlock instead of waiting for a lock (see `_write`)."""
-        return self._write(lambda u: [self._resolve_linking(u, d.mention, d.context_id, d.prior)
-                                      for d in group], wait=wait)
+        """One mention; an invalid one raises InvalidArgument."""
+        (result,) = self.resolve_prepared(self.prepare_one(
+            mention, entity_type, context_id=context_id, lookup_only=lookup_only)).results
+        assert isinstance(result, ResolveResult)
+        return result
 
     def resolve_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
                       lookup_only: bool = False) -> list[ResolveResult | ItemError]:
-        """Resolve in order, in one transaction; a repeated request gets the first reply."""
-        return self.resolve_batch_reply(context_id, mentions, lookup_only=lookup_only).results
-
-    def resolve_batch_reply(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
-                            lookup_only: bool = False) -> BatchReply:
-        """`resolve_batch`, saying whether the results are a repeated request's first reply."""
+        """Resolve in order, as one transaction; a repeated request gets the first reply."""
         return self.resolve_prepared(
-            self.prepare_batch(context_id, mentions, lookup_only=lookup_only))
+            self.prepare_batch(context_id, mentions, lookup_only=lookup_only)).results
+
+    def resolve_prepared(self, batch: PreparedBatch) -> BatchReply:
+        """A checked request's reply; may wait (on a lock, for the write queue)."""
+        outcome = self.start(batch, may_wait=True)
+        assert outcome is not None
+        return outcome if isinstance(outcome, BatchReply) else outcome.result()
+
+    def prepare_one(self, mention: str, entity_type: str, *, context_id: str = "",
+                    lookup_only: bool = False) -> PreparedBatch:
+        """A Resolve checked and parsed, as a batch of one (no stored reply)."""
+        _checked_id(context_id, "context id")
+        return PreparedBatch(context_id, [self.parse_mention(mention, entity_type)], None,
+                             lookup_only)
 
     def prepare_batch(self, context_id: str, mentions: Sequence[tuple[str, str]], *,
                       lookup_only: bool = False) -> PreparedBatch:
@@ -565,138 +506,109 @@ class IdentityService:
                         if context_id and not lookup_only else None)
         return PreparedBatch(context_id, parsed, request_hash, lookup_only)
 
-    def resolve_prepared(self, batch: PreparedBatch, *, wait: bool = True) -> BatchReply:
-        """Resolve a prepared batch in order, in one transaction; a repeated request gets the
-        first reply. wait=False: WouldBlock instead of waiting for a lock (see `_write`); a
-        lookup-only batch may always wait."""
-        parsed, context_id, request_hash = batch.parsed, batch.context_id, batch.request_hash
+    def start(self, batch: PreparedBatch, *,
+              may_wait: bool) -> BatchReply | Future[BatchReply] | None:
+        """The reply, when the index gives it without writing; else the future of the write
+        queue's reply. may_wait=False (the event loop): nothing here waits for a lock, and None
+        says the request needs a thread that may (the index is changing or behind the store)."""
         if batch.lookup_only:
-            return BatchReply(self._answer(
-                lambda: [p if isinstance(p, ItemError) else self._look(p) for p in parsed]
-            ))
-
-        def work(u: Unit) -> BatchReply:
-            oldest_kept = u.now - self.config.batch_reply_ttl_seconds
-            if request_hash is not None:
-                stored = u.tx.batch_reply(request_hash, not_before=oldest_kept)
-                if stored is not None:
-                    return BatchReply(_decode_results(stored), replayed=True)
-            results = [
-                p if isinstance(p, ItemError) else self._resolve_linking(u, p, context_id)
-                for p in parsed
-            ]
-            if request_hash is not None:
-                u.tx.put_batch_reply(request_hash, _encode_results(results), now=u.now)
-                self._batches_written += 1
-                if self._batches_written % 1000 == 1:
-                    u.tx.purge_batch_replies(before=oldest_kept)
+            looked = self._answer_at_once(self._look_all, batch.parsed)
+            if looked is not None:
+                return looked
+            return self._answer(self._look_all, batch.parsed) if may_wait else None
+        if batch.context_id:  # evidence is recorded: always a write
+            return self.writes.submit(_Job(batch), may_wait=may_wait)
+        looked_now = self._answer_at_once(self._unchanged, batch.parsed)
+        if looked_now is None:  # the index is changing or behind the store
+            if not may_wait:
+                return None
+            # Caught up under the process lock, not the store's write lock: a write waiting
+            # for another process's lock does not hold up a request that writes nothing.
+            looked_now = self._answer(self._unchanged, batch.parsed)
+        results, priors = looked_now
+        if results is not None:
             return BatchReply(results)
+        return self.writes.submit(_Job(batch, priors), may_wait=may_wait)
 
-        return self._write(work, wait=wait)
+    def _look_all(self, parsed: Sequence[Mention | ItemError]) -> BatchReply:
+        return BatchReply([p if isinstance(p, ItemError) else self._look(p) for p in parsed])
 
-    def _resolve_together(self, d: DeferredResolve) -> ResolveResult:
-        """A writing Resolve, sharing one transaction with those queued meanwhile: group commit
-        for in-process callers on threads (the server gathers its own writing Resolves on its
-        event loop: loop_work.GroupWriter, through `resolve_deferred`).
+    def _unchanged(self, parsed: Sequence[Mention | ItemError]
+                   ) -> tuple[list[ResolveResult | ItemError] | None, list[_Prior | None]]:
+        """The results when resolving these mentions (without evidence) would write nothing,
+        else None; and each mention's decision, which the write reuses while it stands."""
+        index = self.index
+        generation = index.generation
+        results: list[ResolveResult | ItemError] | None = []
+        priors: list[_Prior | None] = []
+        for m in parsed:
+            if isinstance(m, ItemError):
+                priors.append(None)
+                if results is not None:
+                    results.append(m)
+                continue
+            d = self.core.decide(index, m)
+            priors.append(_Prior(d, index, generation))
+            if results is None:
+                continue
+            if lifecycle.plan_resolve(d, m, context_id="").writes_nothing:
+                assert d.winner is not None
+                results.append(_result(d.winner.entity, d.match_kind, False, (),
+                                       _candidate_ids(d), d.winner.matched_name, m))
+            else:
+                results = None  # a write is needed; the rest still get their decisions
+        return results, priors
 
-        Group commit with a leader: the first caller to find no group under way leads; callers
-        arriving meanwhile queue and wait on their own event. The leader resolves everything
-        queued, one at a time in queue order, in a single transaction; sets each result; and
-        hands the lead to the first caller queued since, if any. Each call still takes effect
-        between its start and its return, so the one-at-a-time outcome holds; the lock, the
-        catch-up query and the commit are paid once per group instead of once per call, and a
-        finished caller returns at once instead of queueing for the lock behind the next group.
-        """
-        mine = _Pending(d)
-        with self._waiting_lock:
-            self._waiting.append(mine)
-            lead = not self._leading
-            self._leading = True
-        if not lead:
-            mine.done.wait()
-            if mine.result is None and mine.error is None:
-                lead = True  # handed the lead: mine is still queued
-        if lead:
-            self._resolve_group()
-        if mine.error is not None:
-            raise mine.error
-        assert mine.result is not None
-        return mine.result
+    def _write_group(self, jobs: Sequence[_Job], *, wait: bool = True) -> list[BatchReply]:
+        """The write queue's group: every job in order, in one transaction."""
+        return self._write(lambda u: [self._write_batch(u, job) for job in jobs], wait=wait)
 
-    def _resolve_group(self) -> None:
-        """As the leader: resolve every queued mention in one transaction, then pass the lead."""
-        with self._waiting_lock:
-            group, self._waiting = self._waiting, []
-        try:
-            results = self.resolve_deferred([p.resolve for p in group])
-            for p, result in zip(group, results, strict=True):
-                p.result = result
-        except BaseException as e:
-            for p in group:
-                p.error = e
-            raise  # the leader's own mention is in the group: its call fails with the rest
-        finally:
-            with self._waiting_lock:
-                successor = self._waiting[0] if self._waiting else None
-                self._leading = successor is not None
-            for p in group:
-                p.done.set()
-            if successor is not None:
-                successor.done.set()
+    def _write_batch(self, u: Unit, job: _Job) -> BatchReply:
+        batch = job.batch
+        oldest_kept = u.now - self.config.batch_reply_ttl_seconds
+        if batch.request_hash is not None:
+            stored = u.tx.batch_reply(batch.request_hash, not_before=oldest_kept)
+            if stored is not None:
+                return BatchReply(_decode_results(stored), replayed=True)
+        priors = job.priors or [None] * len(batch.parsed)
+        results: list[ResolveResult | ItemError] = []
+        for m, prior in zip(batch.parsed, priors, strict=True):
+            if isinstance(m, ItemError):
+                results.append(m)
+                continue
+            results.append(self._resolve_one(u, m, batch.context_id, prior))
+            # As a call of its own would: the next mention may find a new best candidate.
+            self._link_placeholders_to_later_candidates(u)
+        if batch.request_hash is not None:
+            u.tx.put_batch_reply(batch.request_hash, _encode_results(results), now=u.now)
+            self._batches_written += 1
+            if self._batches_written % 1000 == 1:
+                u.tx.purge_batch_replies(before=oldest_kept)
+        return BatchReply(results)
 
-    def _resolve_linking(self, u: Unit, m: Mention, context_id: str,
-                         prior: _Prior | None = None) -> ResolveResult:
-        """`_resolve`, then the placeholder links its changes call for, as a call of its own
-        would make them: the next mention of a batch or group may change who is best."""
-        result = self._resolve(u, m, context_id, prior)
-        self._link_placeholders_to_later_candidates(u)
-        return result
-
-    def _resolve(self, u: Unit, m: Mention, context_id: str,
-                 prior: _Prior | None = None) -> ResolveResult:
+    def _resolve_one(self, u: Unit, m: Mention, context_id: str,
+                     prior: _Prior | None) -> ResolveResult:
+        """Decide, plan the writes, apply them: one mention inside a write transaction."""
         if prior is not None and self._stands(prior, m):
-            d = prior.decision  # made by this call's lock-free look, and still what it says
+            d = prior.decision  # made by the lock-free look, and still what deciding gives
         else:
-            d = decide(self.index, m.display, m.entity_type, m.key)
+            d = self.core.decide(self.index, m)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "decision mention=%r type=%s rule=%s outcome=%s candidates=%s",
                 m.display, m.entity_type, d.rule.name if d.rule else "-", d.outcome.value,
                 [c.entity.entity_id for c in d.candidates],
             )
-        candidates = _candidate_ids(d)
-        if d.outcome is _CONVERGED:
-            assert d.winner is not None
-            entity = d.winner.entity
-            if not _has_display(d, m):
-                entity = u.add_name(entity, m.display, _SURFACE)
-            if _takes_type(entity, m):
-                entity = u.upgrade_type(entity, m.entity_type)
-            entity = self._record_evidence(u, entity, m, context_id)
-            return _result(entity, d.match_kind, False, (), candidates, d.winner.matched_name, m)
-
-        if d.outcome is _AMBIGUOUS:
+        placeholder = None
+        if d.outcome is Outcome.AMBIGUOUS:
             existing = u.tx.placeholder(m.display, m.entity_type)
-            created = existing is None
-            if existing is None:
-                entity = u.create_provisional(m.display, m.entity_type, placeholder=True)
-                u.tx.insert_placeholder(m.display, m.entity_type, entity.entity_id)
-            else:
-                entity = self._live(existing)
-            linked = tuple(
-                c.entity.entity_id for c in d.best if u.link(entity.entity_id, c.entity.entity_id)
-            )
-            entity = self._record_evidence(u, entity, m, context_id)
-            return _result(entity, MatchKind.AMBIGUOUS, created, linked, candidates,
-                           d.best[0].matched_name, m)
-
-        entity = u.create_provisional(m.display, m.entity_type, placeholder=False)
-        linked = tuple(
-            c.entity.entity_id for c in d.best if u.link(entity.entity_id, c.entity.entity_id)
-        )
-        entity = self._record_evidence(u, entity, m, context_id)
-        matched = d.best[0].matched_name if d.best else ""
-        return _result(entity, MatchKind.NEW, True, linked, candidates, matched, m)
+            placeholder = self._live(existing) if existing is not None else None
+        plan = lifecycle.plan_resolve(d, m, context_id=context_id, placeholder=placeholder)
+        entity, linked = u.apply_resolve(plan, m, context_id)
+        if plan.evidence:
+            entity = self._promote_by_evidence(u, entity, context_id)
+        return _result(entity, plan.match_kind, plan.new_entity, linked, _candidate_ids(d),
+                       plan.matched_name, m)
 
     def _stands(self, prior: _Prior, m: Mention) -> bool:
         """Whether the lock-free look's decision is what deciding now would give: the index is
@@ -710,58 +622,36 @@ class IdentityService:
         changed = index.changed_since(prior.generation)
         return changed is not None and still_stands(prior.decision, m.key, changed)
 
-    def _converged_without_writes(self, m: Mention) -> tuple[ResolveResult | None, _Prior]:
-        """The reply when resolving m would write nothing (no surface form, type or evidence),
-        else None; and the decision, which the write reuses while it still stands (`_stands`)."""
-        index = self.index
-        generation = index.generation
-        d = decide(index, m.display, m.entity_type, m.key)
-        prior = _new_prior((d, index, generation))
-        winner = d.winner
-        if winner is None:
-            return None, prior
-        e = winner.entity
-        if not _has_display(d, m) or _takes_type(e, m):
-            return None, prior  # a surface form to record, or a type to take
-        candidates = _candidate_ids(d)
-        return _result(e, d.match_kind, False, (), candidates, winner.matched_name, m), prior
-
-    def _record_evidence(self, u: Unit, entity: Entity, m: Mention, context_id: str) -> Entity:
-        """Evidence of the mention under its paper; promotes at the configured paper count."""
-        if not context_id:
+    def _promote_by_evidence(self, u: Unit, entity: Entity, context_id: str) -> Entity:
+        """Evidence from a paper not yet counted for the entity may make it due for promotion.
+        A paper already counted adds none: promotion was checked when it came (and when
+        anything was merged into the entity since)."""
+        if not lifecycle.promotable(entity, self.config.promote_after_papers):
             return entity
-        u.add_evidence(entity.entity_id, context_id, m.display, m.raw_type)
-        if not self._promotable(entity):
-            return entity
-        # A paper already counted for this entity adds none: promotion was checked when it came
-        # (and when anything was merged into the entity since).
         known = self._known_papers.setdefault(entity.entity_id, set())
         if context_id in known:
             return entity
         known.add(context_id)
         return self._promote_when_due(u, entity)
 
-    def _promotable(self, entity: Entity) -> bool:
-        return (self.config.promote_after_papers > 0 and entity.status is Status.PROVISIONAL
-                and not entity.placeholder)
-
     def _promote_when_due(self, u: Unit, entity: Entity) -> Entity:
         """Promote a provisional entity once its evidence, and that of the entities merged into
         it, comes from the configured number of distinct papers. Checked on a new paper's
         evidence and after a merge (which can bring papers without any new evidence)."""
-        if not self._promotable(entity):
+        threshold = self.config.promote_after_papers
+        if not lifecycle.promotable(entity, threshold):
             return entity
         u.flush()
         group = [entity.entity_id, *u.tx.merged_into(entity.entity_id)]
         _, papers = u.tx.evidence_summary(group)
-        if papers < self.config.promote_after_papers:
+        if not lifecycle.promotion_due(entity, papers, threshold):
             return entity
         self._known_papers.pop(entity.entity_id, None)
         return u.promote(entity, reason=f"evidence from {papers} papers")
 
     def _look(self, m: Mention) -> ResolveResult:
         """What a creating call would answer, writing nothing."""
-        d: Decision = decide(self.index, m.display, m.entity_type, m.key)
+        d = self.core.decide(self.index, m)
         candidates = _candidate_ids(d)
         if d.outcome is Outcome.CONVERGED:
             assert d.winner is not None
@@ -911,7 +801,7 @@ class IdentityService:
                 )
             result = a
             if decision == SAME:
-                target, source = sorted((a, b), key=_merge_rank)
+                target, source = sorted((a, b), key=lifecycle.merge_rank)
                 u.check_mergeable(source, target)
                 merged = u.merge(source, target, reason=f"settled same by {actor}")
                 result = self._promote_when_due(u, merged)
@@ -1091,13 +981,9 @@ class IdentityService:
         what changed since the targets were collected (a merge, a promotion) is read again."""
         entities = (self.index.get(pid) for pid in provisional)
         for p in sorted((e for e in entities if e is not None), key=lambda e: e.ordinal):
-            if p.status is not Status.PROVISIONAL or p.placeholder:
-                continue
             pid = p.entity_id
-            live = {e.entity_id: e for e in (self.index.live(t) for t in targets[pid]) if e}
-            found = sorted((c for c in live.values() if c.status is Status.CANONICAL
-                            and types_compatible(c.entity_type, p.entity_type)),
-                           key=lambda e: e.ordinal)
+            found = lifecycle.import_merge_target(
+                p, (e for e in (self.index.live(t) for t in targets[pid]) if e))
             if len(found) == 1 and not u.is_distinct(pid, found[0].entity_id):
                 u.merge(p, found[0], reason="import")
                 counts["merged"] += 1
@@ -1170,28 +1056,10 @@ def _candidate_ids(d: Decision) -> tuple[str, ...]:
     return tuple([c.entity.entity_id for c in d.candidates])
 
 
-def _has_display(d: Decision, m: Mention) -> bool:
-    """Whether the converged decision's entity has the mention's display form among its names
-    (known without a look when rule 1 decided: it matched through one of them)."""
-    assert d.winner is not None
-    return d.rule is _EXACT or d.winner.entity.has_display(m.display)
-
-
-def _takes_type(e: Entity, m: Mention) -> bool:
-    """SPEC: a provisional entity typed `other` takes a typed mention's type (not placeholders)."""
-    return (e.status is _PROVISIONAL and not e.placeholder and e.entity_type == OTHER
-            and m.entity_type != OTHER)
-
-
-def _merge_rank(e: Entity) -> tuple[int, int, int]:
-    """The better-ranked entity of a pair is the merge target."""
-    return (0 if e.status is Status.CANONICAL else 1, 1 if e.placeholder else 0, e.ordinal)
-
-
 def _result(entity: Entity, kind: MatchKind, created: bool, linked: tuple[str, ...],
             candidates: tuple[str, ...], matched: str, m: Mention) -> ResolveResult:
-    return _new_result((entity.entity_id, entity.status, kind, created, linked, candidates,
-                        entity.name, matched, entity.entity_type, m.display))
+    return ResolveResult(entity.entity_id, entity.status, kind, created, linked, candidates,
+                         entity.name, matched, entity.entity_type, m.display)
 
 
 def _nothing(kind: MatchKind, candidates: tuple[str, ...], matched: str,

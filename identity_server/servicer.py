@@ -27,13 +27,7 @@ from identity_server.errors import (
     StoreUnavailable,
     Unauthenticated,
 )
-from identity_server.loop_work import (
-    CallEnded,
-    GroupWriter,
-    blocking_iterator,
-    on_pool,
-    write_here_or_on_pool,
-)
+from identity_server.loop_work import AsyncResolver, CallEnded, blocking_iterator, on_pool
 from identity_server.service import (
     BatchReply,
     EntityView,
@@ -71,14 +65,7 @@ _CHANGE_KIND = {
 _DECISION = {pb.SAME: "same", pb.DISTINCT: "distinct"}
 _FORMAT = {pb.AUTHORITY_FORMAT_JSONL: "jsonl", pb.AUTHORITY_FORMAT_CSV: "csv"}
 _FOLLOW_POLL_S = 0.2
-# Batches up to this many mentions (a paper's worth; ~60-120 µs a mention) are written on the
-# event loop when nothing is in their way; larger ones always go to a thread, so no call waits
-# behind one for more than ~10-20 ms.
-INLINE_BATCH_LIMIT = 200
 _INTERNAL = "internal error; the server log has the details"
-# Read by every call, as a module name: an enum member read off its class goes through
-# EnumType.__getattr__ on Python 3.11 (see matching's note).
-_OK = grpc.StatusCode.OK
 # Trailing metadata of a ResolveBatch refused for its size: the server's limit, so a client can
 # send the mentions in parts (named in the proto's comments; ingest reads it).
 MAX_BATCH_SIZE_KEY = "identity-max-batch-size"
@@ -95,7 +82,7 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
         @functools.wraps(method)
         async def handler(self: IdentityServicer, request: Any, context: Context) -> Any:
             start = time.perf_counter()
-            code, details = _OK, ""
+            code, details = grpc.StatusCode.OK, ""
             trailing: tuple[tuple[str, str], ...] = ()
             try:
                 if admin:
@@ -118,7 +105,7 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
                 code, details = grpc.StatusCode.INTERNAL, _INTERNAL
                 logger.exception("%s failed", name)
             finally:  # logged before the status is sent
-                level = logging.INFO if admin or code is not _OK else logging.DEBUG
+                level = logging.INFO if admin or code is not grpc.StatusCode.OK else logging.DEBUG
                 if logger.isEnabledFor(level):
                     logger.log(
                         level, "rpc method=%s count=%d duration_ms=%.2f code=%s",
@@ -158,7 +145,7 @@ class IdentityServicer:
         self.service = service
         self.admin_token = admin_token
         self._blocking = blocking
-        self._writes = GroupWriter(service, blocking)
+        self._resolver = AsyncResolver(service, blocking)
         # Following ListChanges streams each poll the store, and an import holds a pool thread
         # for as long as its client keeps sending: both capped, so followers and imports (or
         # clients that stop reading or sending) can never crowd out other calls.
@@ -189,38 +176,17 @@ class IdentityServicer:
 
     @_rpc()
     async def Resolve(self, request: pb.ResolveRequest, context: Context) -> pb.ResolveResponse:
-        self._writes.note_call()
-        answer = self.service.begin_resolve(
+        reply = await self._resolver.resolve(
             request.mention, request.entity_type, context_id=request.context_id,
-            lookup_only=request.lookup_only,
-        )
-        if isinstance(answer, ResolveResult):
-            return resolve_response(answer)
-        if answer.lookup_only:  # the index could not answer at once: look under the lock
-            return resolve_response(await self._off_loop(self.service.finish_resolve, answer))
-        if answer.prior is None and not answer.context_id:
-            # The index could not answer at once (it is catching up, or changing): look again
-            # on a thread, under the process lock but not the store's write lock, and write
-            # only if that look says so.
-            looked = await self._off_loop(self.service.look_again, answer)
-            if isinstance(looked, ResolveResult):
-                return resolve_response(looked)
-            answer = looked
-        return resolve_response(await self._writes.resolve(answer))
+            lookup_only=request.lookup_only)
+        (result,) = reply.results
+        assert isinstance(result, ResolveResult)
+        return resolve_response(result)
 
     @_rpc()
     async def ResolveBatch(self, request: pb.ResolveBatchRequest,
                            context: Context) -> pb.ResolveBatchResponse:
-        self._writes.note_call()
-        if request.lookup_only or len(request.mentions) > INLINE_BATCH_LIMIT:
-            return batch_response(await self._off_loop(self._resolve_batch, request))
-        batch = self.service.prepare_batch(request.context_id, _mentions(request))
-        return batch_response(
-            await write_here_or_on_pool(self._blocking, self.service.resolve_prepared, batch))
-
-    def _resolve_batch(self, request: pb.ResolveBatchRequest) -> BatchReply:
-        """A whole batch on a pool thread (parsing a large one would hold up the loop too)."""
-        return self.service.resolve_prepared(self.service.prepare_batch(
+        return batch_response(await self._resolver.resolve_batch(
             request.context_id, _mentions(request), lookup_only=request.lookup_only))
 
     @_rpc()

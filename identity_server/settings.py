@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -67,6 +68,11 @@ class Settings(BaseSettings):
     max_workers: int = Field(default=16, ge=1, description="Threads for calls that may wait on the store.")
     grace_seconds: float = Field(default=5.0, ge=0, allow_inf_nan=False,
                                  description="Shutdown grace period.")
+    core: Literal["auto", "reference", "compiled"] = Field(
+        default="auto",
+        description="The resolve core: compiled (C loops), reference (pure Python), or auto "
+                    "(compiled where the install built it).",
+    )
 
     @field_validator("types")
     @classmethod

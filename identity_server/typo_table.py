@@ -10,17 +10,15 @@ its cost depends on the key's length, not on the entity count (a binary search w
 its cache misses grow with the table). A hash collision can only add a false candidate, never
 hide a true one, and callers verify every candidate with `one_edit_apart`. numpy sorts and
 sizes the arrays at build time; lookups read them through memoryviews (`.data`), which return
-plain ints faster than numpy scalars for a handful of reads. Where the install could build it,
-`_typo_native.c` runs a lookup's hashing and probes instead (the same loops, a fifth of the
-time at 1M entities: it reads the words without making ints, and overlaps a key's cache
-misses); the Python loops below are the fallback and the reference its tests compare with.
+plain ints faster than numpy scalars for a handful of reads. A lookup's hashing and probes run
+in the resolve core (`identity_server.core`): in C where the install could build it, else the
+reference loops (`probe_shards` below and `core.reference`), which its tests compare it with.
 
 The hash is a polynomial over code points, `h = h * BASE + ord(c)` from a seed, modulo 2**64,
 with a base and seed drawn at random in each process (the table is never stored). Unlike
 `hash()` of each variant string, it gives every variant of a key from one pass over the key,
 with no string made: the deletion of k[i] hashes to `prefix(i) * BASE**(n-1-i) + suffix(i+1)`;
-and numpy computes a whole table's at once (start-up at 1M entities hashed its ~19 million
-variant strings in ~7.5 s; now ~2 s).
+and numpy computes a whole table's at once.
 
 Anchors added after the last `rebuild` go to an exact overlay (a dict keyed by the variants'
 hashes). A pack moves them into the packed shards in steps, so neither readers nor writers wait
@@ -37,7 +35,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import secrets
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -46,11 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from identity_server import multimap
-
-try:  # the two hot loops below in C, where the install could build them (setup.py)
-    from identity_server import _typo_native as native
-except ImportError:  # pragma: no cover - where no C compiler was found: the Python loops run
-    native = None  # type: ignore[assignment]
+from identity_server.core import selected
 
 _U64 = (1 << 64) - 1
 _SHARD_BITS = 4  # 16 shards: a pack's scratch memory is a sixteenth of the table
@@ -66,23 +59,6 @@ Overlay = dict[int, "str | set[str]"]  # variant hash -> anchor key(s)
 
 _BASE = secrets.randbits(64) | 1  # odd: every power of it is invertible modulo 2**64
 _SEED = secrets.randbits(64)
-_powers: list[int] = [1]  # _BASE**i modulo 2**64; replaced whole when it grows (any thread)
-_powers_lock = threading.Lock()
-
-
-def _powers_to(n: int) -> list[int]:
-    """_BASE**0 .. _BASE**n (at least)."""
-    global _powers
-    powers = _powers
-    if len(powers) > n:
-        return powers
-    with _powers_lock:
-        grown = list(_powers)
-        target = max(n, 2 * len(grown))
-        while len(grown) <= target:
-            grown.append(grown[-1] * _BASE & _U64)
-        _powers = grown
-        return grown
 
 
 def variant_hash(s: str) -> int:
@@ -93,53 +69,10 @@ def variant_hash(s: str) -> int:
     return h
 
 
-# The keys `variant_hashes` worked out lately, and their hashes. A key that misses a lookup is
-# usually filed soon after, as a new entity's name, and checked against the placeholders'
-# pairs: three calls for one key, one computation, even when other calls' lookups come in
-# between (the group writer files a group's new names after all of their lookups). Emptied
-# when full; a dict's get and set are atomic, so any thread may use it.
-_RECENT_HASHED_MAX = 64  # a group of writes is a few calls; a long key's hashes are ~16 KB
-_recent_hashed: dict[str, list[int]] = {}
-
-
 def variant_hashes(k: str) -> list[int]:
     """`variant_hash` of k and of each string one deletion away from k (k first), from one pass
-    over k: without k[i], the hash is prefix(i) * BASE**(n-1-i) + suffix(i+1). The list is
-    shared with later callers asking for the same key: do not change it."""
-    recent = _recent_hashed.get(k)
-    if recent is not None:
-        return recent
-    out = native.variant_hashes(k, _BASE, _SEED) if native else _python_variant_hashes(k)
-    if len(_recent_hashed) >= _RECENT_HASHED_MAX:
-        _recent_hashed.clear()
-    _recent_hashed[k] = out
-    return out
-
-
-def _python_variant_hashes(k: str) -> list[int]:
-    """`variant_hashes` without the C module."""
-    n = len(k)
-    powers = _powers_to(n)
-    base, mask = _BASE, _U64
-    prefix = [_SEED]
-    h = _SEED
-    for c in k:
-        h = (h * base + ord(c)) & mask
-        prefix.append(h)
-    out = [h]
-    suffix = 0
-    for i in range(n - 1, -1, -1):
-        power = powers[n - 1 - i]
-        out.append((prefix[i] * power + suffix) & mask)
-        suffix = (suffix + ord(k[i]) * power) & mask
-    return out
-
-
-def _own_hash(k: str) -> int:
-    """`variant_hash(k)`, taken from a recent `variant_hashes` of k when there was one (a new
-    name's key, looked up just before it is filed)."""
-    recent = _recent_hashed.get(k)
-    return recent[0] if recent is not None else variant_hash(k)
+    over k (the core's loop)."""
+    return selected().variant_hashes(k, _BASE, _SEED)
 
 
 class _Shard(NamedTuple):
@@ -296,22 +229,23 @@ class DeletionVariantTable:
 
     def holds(self, k: str) -> bool:
         """Whether anchor key k is filed (each key is filed under itself, so one probe tells)."""
-        hashed = _own_hash(k)
+        hashed = variant_hash(k)
         for overlay in (self._overlay, self._packing):
             if k in multimap.values(overlay, hashed):
                 return True
         filed_under: set[str] = set()  # k's own bucket: k, and any key its hash collides with
-        _probe_shards([hashed], self._shards, self._anchors, filed_under)
+        selected().probe_shards([hashed], self._shards, self._anchors, filed_under)
         return k in filed_under
 
     def anchors_near(self, k: str) -> set[str]:
         """Anchor keys sharing a deletion variant with k, plus rare hash-collision extras."""
-        hashes = variant_hashes(k)
+        core = selected()
+        hashes = core.variant_hashes(k, _BASE, _SEED)
         found: set[str] = set()
         for overlay in (self._overlay, self._packing):  # read in the order begin_pack sets them
             if overlay:
-                _probe_overlay(hashes, overlay, found)
-        _probe_shards(hashes, self._shards, self._anchors, found)  # after the overlays: see build
+                core.probe_overlay(hashes, overlay, found)
+        core.probe_shards(hashes, self._shards, self._anchors, found)  # after the overlays: see build
         return found
 
     def packed_bytes(self) -> int:
@@ -320,19 +254,7 @@ class DeletionVariantTable:
         return held + 8 * len(self._anchors)
 
 
-def _python_probe_overlay(hashes: list[int], overlay: Overlay, found: set[str]) -> None:
-    """Add to `found` the anchors `overlay` files under `hashes`."""
-    held = overlay.get  # most probes miss: a get each, no call of multimap.values
-    for hashed in hashes:
-        hit = held(hashed)
-        if hit is not None:
-            if isinstance(hit, str):
-                found.add(hit)
-            else:
-                found.update(hit)
-
-
-def _python_probe_shards(hashes: list[int], shards: list[_Shard], anchors: list[str],
+def probe_shards(hashes: list[int], shards: list[_Shard], anchors: list[str],
                          found: set[str]) -> None:
     """Add to `found` the anchors the packed shards file under `hashes`: for each hash, the
     words of its bucket whose high bits are the hash's name an anchor number."""
@@ -346,12 +268,6 @@ def _python_probe_shards(hashes: list[int], shards: list[_Shard], anchors: list[
         for word in words[starts[bucket] : starts[bucket + 1]]:  # the bucket, read as one slice
             if word & hash_mask == hashed:
                 found.add(anchors[word & number_mask])
-
-
-# The same loops in C where they were built: a lookup at 1M entities ~23 -> ~3 µs in a loop of
-# lookups (benchmarks/HISTORY.md, stop 41).
-_probe_overlay = native.probe_overlay if native else _python_probe_overlay
-_probe_shards = native.probe if native else _python_probe_shards
 
 
 def _load_malloc_trim() -> Any:
@@ -445,7 +361,7 @@ def _chunk_variant_hashes(anchors: Sequence[str]) -> Words:
     del codes, tail, power
     owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
     exponent = np.repeat(starts + lengths - 1, lengths) - np.arange(total, dtype=np.int64)
-    powers = np.array(_powers_to(longest)[: longest + 1], dtype=np.uint64)
+    powers = np.array([pow(_BASE, j, 1 << 64) for j in range(longest + 1)], dtype=np.uint64)
     out[np.arange(total, dtype=np.int64) + owner] = before * powers[exponent] + after
     return out
 

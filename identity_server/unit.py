@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from identity_server.domain import (
-    Entity,
-    Name,
-    NameKind,
-    Status,
-    provisional_id,
-    types_compatible,
-)
+from identity_server import lifecycle
+from identity_server.domain import RETIRED, Entity, Name, NameKind, NameRow, Status, provisional_id
 from identity_server.errors import FailedPrecondition
 from identity_server.index import NameIndex
-from identity_server.store.sql import RETIRED, ChangeRecord, NameRow, Tx
+from identity_server.lifecycle import (
+    AUTHORITY,
+    AUTHORITY_LISTED,
+    CURATOR,
+    ResolveWrites,
+)
+from identity_server.store import ChangeRecord, Tx
+
+if TYPE_CHECKING:
+    from identity_server.service import Mention
 
 # Change-feed kinds (SPEC section 3).
 CREATED = "created"
@@ -36,17 +39,6 @@ LINK_SETTLED = "link_settled"
 IMPORTED = "imported"
 
 OPEN, DISTINCT, SAME, MOVED = "open", "distinct", "same", "moved"
-
-# Where a name came from. Only the authority's own aliases are retired when a re-import no
-# longer lists them; a curator's, a merge's or a previous name stays. An alias the authority
-# listed over a spelling the entity held as a surface form (seen in a paper, or a provisional
-# name a merge brought) becomes that surface form again: nothing is ever deleted.
-AUTHORITY, CURATOR, MERGE, PREVIOUS_NAME = "authority", "curator", "merge", "previous_name"
-AUTHORITY_OVER_SURFACE = "authority_seen"  # 16 characters at most: the column's width
-_AUTHORITY_LISTED = frozenset((AUTHORITY, AUTHORITY_OVER_SURFACE))
-# Read on every name added, as module names: on Python 3.11 `NameKind.ALIAS` goes through
-# EnumType.__getattr__'s slot (~100 ns against ~7; see matching's note).
-_ALIAS, _SURFACE = NameKind.ALIAS, NameKind.SURFACE
 
 
 class Unit:
@@ -107,6 +99,27 @@ class Unit:
         self.tx.append_changes(self.changes)
         self.changes = []
 
+    # -- resolving -------------------------------------------------------------------------------
+
+    def apply_resolve(self, plan: ResolveWrites, m: Mention,
+                      context_id: str) -> tuple[Entity, tuple[str, ...]]:
+        """Make the writes `lifecycle.plan_resolve` planned for mention m: the entity it
+        resolves to, and the candidates that entity is linked to."""
+        entity = plan.entity
+        if entity is None:
+            entity = self.create_provisional(m.display, m.entity_type,
+                                             placeholder=plan.placeholder)
+            if plan.placeholder:
+                self.tx.insert_placeholder(m.display, m.entity_type, entity.entity_id)
+        if plan.surface_form:
+            entity = self.add_name(entity, m.display, NameKind.SURFACE)
+        if plan.type_upgrade:
+            entity = self.upgrade_type(entity, m.entity_type)
+        linked = tuple(c for c in plan.link_to if self.link(entity.entity_id, c))
+        if plan.evidence:
+            self.add_evidence(entity.entity_id, context_id, m.display, m.raw_type)
+        return entity, linked
+
     # -- entities and names --------------------------------------------------------------------
 
     def create_provisional(self, display: str, entity_type: str, *, placeholder: bool) -> Entity:
@@ -136,7 +149,7 @@ class Unit:
             mine = [NameRow(name, NameKind.NAME.value, 0, AUTHORITY)]
             mine += [
                 NameRow(a, NameKind.ALIAS.value, i + 1, AUTHORITY)
-                for i, a in enumerate(_unique(aliases, exclude=name))
+                for i, a in enumerate(lifecycle.unique(aliases, exclude=name))
             ]
             created.append(
                 Entity(entity_id, entity_type, Status.CANONICAL, ordinal, names=_names(mine))
@@ -156,39 +169,7 @@ class Unit:
         added by curators or merges, and surface forms, stay."""
         self.flush()
         rows = {r.display: r for r in self.tx.name_rows(entity.entity_id)}
-        position = max((r.position for r in rows.values()), default=0) + 1
-        changed: dict[str, NameRow] = {}
-        new_aliases = _unique(aliases, exclude=name)
-
-        def assign(display: str, kind: NameKind, source: str) -> None:
-            nonlocal position
-            old = changed.get(display, rows.get(display))
-            if old is not None and old.kind == kind.value:
-                # An alias a curator, a merge or a renaming gave stays theirs when the
-                # authority lists it too, so it outlives the authority dropping it later.
-                keeps_source = kind is NameKind.ALIAS and old.source != AUTHORITY
-                if old.source != source and not keeps_source:
-                    changed[display] = dataclasses.replace(old, source=source)
-                return
-            if (old is not None and old.kind == NameKind.SURFACE.value
-                    and kind is NameKind.ALIAS and source == AUTHORITY):
-                source = AUTHORITY_OVER_SURFACE  # a surface form again once dropped
-            # Recorded now in its new role: it goes after the names already recorded in it.
-            changed[display] = NameRow(display, kind.value, position, source)
-            position += 1
-
-        for r in rows.values():
-            if r.kind == NameKind.NAME.value and r.display != name:
-                assign(r.display, NameKind.ALIAS, PREVIOUS_NAME)
-            elif (r.kind == NameKind.ALIAS.value and r.source in _AUTHORITY_LISTED
-                  and r.display not in new_aliases and r.display != name):
-                if r.source == AUTHORITY:
-                    changed[r.display] = dataclasses.replace(r, kind=RETIRED)
-                else:
-                    assign(r.display, NameKind.SURFACE, "")
-        assign(name, NameKind.NAME, AUTHORITY)
-        for a in new_aliases:
-            assign(a, NameKind.ALIAS, AUTHORITY)
+        changed = lifecycle.reimported_names(rows, name, aliases)
         self.tx.put_names(entity.entity_id, list(changed.values()))
         if entity_type != entity.entity_type:
             self.tx.update_entity(entity.entity_id, entity_type=entity_type)
@@ -206,11 +187,11 @@ class Unit:
         """Record display as a surface form or alias (an existing surface form becomes an alias)."""
         same = entity.with_display(display)
         existing = same[0] if same else None
-        alias = kind is _ALIAS
+        alias = kind is NameKind.ALIAS
         if existing is not None:
-            if existing.kind is _ALIAS and alias and source == CURATOR:
+            if existing.kind is NameKind.ALIAS and alias and source == CURATOR:
                 self._claim_for_curator(entity.entity_id, display)
-            if not (existing.kind is _SURFACE and alias):
+            if not (existing.kind is NameKind.SURFACE and alias):
                 return entity
             names = tuple(n for n in entity.names if n is not existing)
         else:
@@ -224,7 +205,7 @@ class Unit:
         change = ALIAS_ADDED if alias else SURFACE_FORM_ADDED
         field = "alias" if alias else "surface_form"
         self.emit(change, entity.entity_id, **{field: display})
-        self.put(updated, surface_form_only=kind is _SURFACE)
+        self.put(updated, surface_form_only=kind is NameKind.SURFACE)
         return updated
 
     def _claim_for_curator(self, entity_id: str, display: str) -> None:
@@ -232,7 +213,7 @@ class Unit:
         stays when a later re-import drops it."""
         self.flush()
         row = next((r for r in self.tx.name_rows(entity_id) if r.display == display), None)
-        if row is not None and row.source in _AUTHORITY_LISTED:
+        if row is not None and row.source in AUTHORITY_LISTED:
             self.tx.put_names(entity_id, [dataclasses.replace(row, source=CURATOR)])
 
     def upgrade_type(self, entity: Entity, entity_type: str) -> Entity:
@@ -274,49 +255,17 @@ class Unit:
     # -- merge -----------------------------------------------------------------------------------
 
     def check_mergeable(self, source: Entity, target: Entity) -> None:
-        if source.entity_id == target.entity_id:
-            raise FailedPrecondition(f"cannot merge {source.entity_id} into itself")
-        if not types_compatible(source.entity_type, target.entity_type):
-            raise FailedPrecondition(
-                f"cannot merge {source.entity_id} ({source.entity_type}) into "
-                f"{target.entity_id} ({target.entity_type}): incompatible types"
-            )
-        if source.status is Status.CANONICAL and target.status is Status.PROVISIONAL:
-            raise FailedPrecondition(
-                f"cannot merge canonical {source.entity_id} into provisional {target.entity_id}; "
-                "merge the other way, or promote the target first"
-            )
-        if self.is_distinct(source.entity_id, target.entity_id):
-            raise FailedPrecondition(
-                f"a curator settled {source.entity_id} and {target.entity_id} as distinct"
-            )
+        refusal = lifecycle.merge_refusal(
+            source, target, distinct=self.is_distinct(source.entity_id, target.entity_id))
+        if refusal is not None:
+            raise FailedPrecondition(refusal)
 
     def merge(self, source: Entity, target: Entity, *, reason: str) -> Entity:
         """Merge live source into live target (checked by the caller with check_mergeable)."""
         self.flush()
         s_id, t_id = source.entity_id, target.entity_id
         t_rows = {r.display: r for r in self.tx.name_rows(t_id)}
-        position = max((r.position for r in t_rows.values()), default=0) + 1
-        moved: list[NameRow] = []
-        claimed: list[NameRow] = []  # the target's authority aliases that the source had too
-        for n in source.names:  # name, aliases, surface forms, in recorded order
-            becomes_alias = n.kind is NameKind.ALIAS or (
-                n.kind is NameKind.NAME and source.status is Status.CANONICAL
-            )
-            kind = NameKind.ALIAS if becomes_alias else NameKind.SURFACE
-            old = t_rows.get(n.display)
-            if old is not None and old.kind != RETIRED:
-                if old.kind == NameKind.SURFACE.value and kind is NameKind.ALIAS:
-                    moved.append(NameRow(n.display, kind.value, position, MERGE))
-                    position += 1
-                elif old.kind == NameKind.ALIAS.value and old.source in _AUTHORITY_LISTED:
-                    # The merge's too: an alias stays one, a surface form outlives the listing.
-                    source_now = MERGE if kind is NameKind.ALIAS else AUTHORITY_OVER_SURFACE
-                    if source_now != old.source:
-                        claimed.append(dataclasses.replace(old, source=source_now))
-                continue
-            moved.append(NameRow(n.display, kind.value, position, MERGE))
-            position += 1
+        moved, claimed = lifecycle.merged_names(source, t_rows)
         self.tx.move_names(s_id, t_id, moved)
         self.tx.put_names(t_id, claimed)
         self.tx.update_entity(s_id, status=Status.MERGED, redirect_to=t_id)
@@ -351,13 +300,3 @@ class Unit:
 
 def _names(rows: Any) -> tuple[Name, ...]:
     return tuple(Name(r.display, NameKind(r.kind), r.position) for r in rows)
-
-
-def _unique(items: list[str], *, exclude: str) -> list[str]:
-    seen = {exclude}
-    out = []
-    for item in items:
-        if item not in seen:
-            seen.add(item)
-            out.append(item)
-    return out

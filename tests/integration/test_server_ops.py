@@ -368,15 +368,11 @@ def test_reads_are_answered_while_another_process_holds_the_write_lock(
     """The server writes on its event loop only when nothing is in the way: while another
     connection (another process, say an import) holds SQLite's write lock, a Resolve that
     writes waits for it on a thread, and Resolves the index answers go on being answered.
-    The waiting writes take the same road as the others: the Resolve joins the event loop's
-    write queue (not the in-process callers' group commit), and the batch, tried on the loop
-    first, is not parsed a second time on its thread."""
+    The waiting writes take the same road as the others (the service's write queue), and the
+    batch, tried on the loop first, is not parsed a second time on its thread."""
     db = tmp_path / "shared.sqlite"
     with serving(f"sqlite:///{db}") as (running, stub):
         service = running.service
-
-        def not_for_the_server(*args: object) -> None:
-            raise AssertionError("the server's writing Resolves go through its GroupWriter")
 
         parsed: list[str] = []
         parse = service.parse_mention
@@ -385,7 +381,6 @@ def test_reads_are_answered_while_another_process_holds_the_write_lock(
             parsed.append(mention)
             return parse(mention, entity_type)
 
-        monkeypatch.setattr(service, "_resolve_together", not_for_the_server)
         monkeypatch.setattr(service, "parse_mention", counting_parse)
         known = stub.Resolve(pb.ResolveRequest(mention="Quorbex", entity_type="tool"), timeout=T)
         other = sqlite3.connect(db, isolation_level=None)

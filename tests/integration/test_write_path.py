@@ -1,6 +1,6 @@
-"""The write path's shortcuts stay right: a Resolve reuses its lock-free decision only while
-nothing that could change it has changed, and the SQLite store's kept write connection survives
-failures."""
+"""The write path's shortcuts stay right: the index knows what changed since a generation,
+and the SQLite store's kept write connection survives failures. (A write reusing its lock-free
+decision: test_resolve_path.py.)"""
 
 from __future__ import annotations
 
@@ -16,92 +16,12 @@ from pathlib import Path
 
 import pytest
 
-import identity_server.service as service_module
 import identity_server.store.sql as sql_module
-from identity_server.domain import Entity, MatchKind, Name, NameKind, Status
+from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.errors import StoreUnavailable
 from identity_server.index import NameIndex
-from identity_server.matching import Outcome
-from identity_server.service import DeferredResolve, IdentityService, ResolveResult
 from identity_server.store.sql import ChangeRecord, SqlStore, WouldBlock
 from identity_server.store.wal_index import own_commit_marker
-
-
-def _count_decisions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The mentions the service decides from now on, in order."""
-    calls: list[str] = []
-    real = service_module.decide
-
-    def counting(*args: object) -> object:
-        calls.append(args[1])  # type: ignore[arg-type]
-        return real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(service_module, "decide", counting)
-    return calls
-
-
-def test_a_write_reuses_the_decision_its_lock_free_look_made(
-    service: IdentityService, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    made = service.resolve("Quorbex Transformer", "method")
-    calls = _count_decisions(monkeypatch)
-    r = service.resolve("QUORBEX transformer", "method")  # a new surface form: a write
-    assert (r.entity_id, r.match_kind) == (made.entity_id, MatchKind.CASE)
-    assert calls == ["QUORBEX transformer"]  # decided once, not again under the write lock
-    assert "QUORBEX transformer" in service.get_entity(made.entity_id).surface_forms
-
-
-def test_a_decision_made_before_the_index_changed_is_made_again(
-    service: IdentityService,
-) -> None:
-    m = service.parse_mention("Vextral Autoencoder", "method")
-    unchanged, prior = service._converged_without_writes(m)
-    assert unchanged is None and prior.decision.outcome is Outcome.NEW
-    first = service.resolve("Vextral Autoencoder", "method")  # the index changes meanwhile
-    again = service._resolve_together(DeferredResolve(m, "", prior))
-    # Reusing the stale NEW decision would have made a second entity.
-    assert (again.entity_id, again.created, again.match_kind) == (
-        first.entity_id, False, MatchKind.EXACT)
-
-
-def test_a_group_reuses_decisions_the_writes_before_them_cannot_have_changed(
-    service: IdentityService, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In a group of writes, a mention keeps its lock-free decision when the writes ahead of
-    it touched only unrelated names, and is decided again when one of them made a candidate."""
-    looked = [service.begin_resolve(text, "method") for text in (
-        "Quorbex Lattice", "Vextral Autoencoder", "Quorbex Latice", "Zintrop Mesh")]
-    assert all(isinstance(d, DeferredResolve) and d.prior is not None for d in looked)
-    calls = _count_decisions(monkeypatch)
-    first, unrelated, typo, last = service.resolve_deferred(looked)  # type: ignore[arg-type]
-    # "Quorbex Latice" looked before "Quorbex Lattice" existed (NEW); the group made it first,
-    # so deciding again finds it by a typo instead of making a second entity.
-    assert calls == ["Quorbex Latice"]
-    assert (typo.entity_id, typo.match_kind, typo.created) == (
-        first.entity_id, MatchKind.TYPO, False)
-    assert all(r.created for r in (first, unrelated, last))
-    assert len({first.entity_id, unrelated.entity_id, last.entity_id}) == 3
-
-
-def test_looking_again_answers_a_repeat_and_hands_a_write_its_decision(
-    service: IdentityService, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """look_again (a Resolve whose lock-free look could not run): a mention that needs no write
-    is answered; one that does comes back with the decision, which the write then reuses."""
-    made = service.resolve("Quorbex Transformer", "method")
-    repeat = service.look_again(DeferredResolve(service.parse_mention("Quorbex Transformer",
-                                                                      "method"), ""))
-    assert isinstance(repeat, ResolveResult)
-    assert (repeat.entity_id, repeat.match_kind) == (made.entity_id, MatchKind.EXACT)
-    calls = _count_decisions(monkeypatch)
-    m = service.parse_mention("QUORBEX transformer", "method")
-    deferred = service.look_again(DeferredResolve(m, ""))
-    assert isinstance(deferred, DeferredResolve) and deferred.prior is not None
-    (written,) = service.resolve_deferred([deferred])
-    assert (written.entity_id, written.match_kind) == (made.entity_id, MatchKind.CASE)
-    assert calls == ["QUORBEX transformer"]  # decided once, by the look
-    with_context = DeferredResolve(m, "paper-1")  # evidence to record: nothing to look for
-    assert service.look_again(with_context) is with_context
 
 
 def test_index_generation_moves_on_put_and_discard() -> None:
@@ -355,30 +275,6 @@ def test_a_write_that_must_not_wait_says_so_at_once_and_leaves_the_store_working
         assert _seqs(db) == [1, 3, 4]
 
 
-def test_a_service_write_that_must_not_wait_leaves_no_trace(service: IdentityService) -> None:
-    """While another thread holds the service's lock, a write asked not to wait raises
-    WouldBlock before deciding anything; the same write waiting later does it all once."""
-    m = service.parse_mention("Quorbex Transformer", "method")
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with service._lock:
-            held.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert held.wait(10)
-    with pytest.raises(WouldBlock):
-        service.resolve_deferred([DeferredResolve(m, "")], wait=False)
-    release.set()
-    holder.join(10)
-    looked = service.resolve("Quorbex Transformer", "method", lookup_only=True)
-    assert (looked.match_kind, looked.entity_id) == (MatchKind.NEW, "")  # nothing was written
-    (made,) = service.resolve_deferred([DeferredResolve(m, "")], wait=False)
-    assert made.created and made.match_kind is MatchKind.NEW
-
-
 def test_a_driver_error_in_a_hot_statement_is_a_store_error(tmp_path: Path) -> None:
     with _store(tmp_path) as (store, db):
         with sqlite3.connect(db) as con:  # another process breaks the schema under the server
@@ -458,78 +354,3 @@ def test_a_wal_checkpointed_while_writes_go_on_starts_over(
         assert wal_bytes < 20 * frame
     else:
         assert wal_bytes >= commits * frame
-
-
-def _queue_behind_a_held_leader(
-    service: IdentityService, monkeypatch: pytest.MonkeyPatch, mentions: list[str]
-) -> tuple[list[object], list[int], threading.Event, list[threading.Thread]]:
-    """Start 'Leader Mention' and hold its group open, then queue `mentions` behind it."""
-    gate = threading.Event()
-    groups: list[int] = []
-    real_write = service._write
-
-    def held_write(work, **options):  # type: ignore[no-untyped-def]
-        groups.append(len(service._waiting))  # nothing queued at the start of a group's write
-        if len(groups) == 1:
-            assert gate.wait(10)
-        return real_write(work, **options)
-
-    monkeypatch.setattr(service, "_write", held_write)
-    outcomes: list[object] = [None] * (len(mentions) + 1)
-
-    def call(i: int, text: str) -> None:
-        try:
-            outcomes[i] = service.resolve(text, "method")
-        except Exception as e:  # the test inspects it
-            outcomes[i] = e
-
-    threads = [threading.Thread(target=call, args=(0, "Leader Mention"), daemon=True)]
-    threads[0].start()
-    while not groups:
-        time.sleep(0.001)
-    for i, text in enumerate(mentions, start=1):
-        threads.append(threading.Thread(target=call, args=(i, text), daemon=True))
-        threads[-1].start()
-    deadline = time.monotonic() + 10
-    while len(service._waiting) < len(mentions) and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert len(service._waiting) == len(mentions)
-    return outcomes, groups, gate, threads
-
-
-def test_callers_queued_behind_a_group_are_resolved_together_by_the_next_leader(
-    service: IdentityService, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    outcomes, groups, gate, threads = _queue_behind_a_held_leader(
-        service, monkeypatch, ["Vextral Autoencoder", "Quorbex Transformer"])
-    gate.set()
-    for t in threads:
-        t.join(10)
-    assert groups == [0, 0]  # two transactions: the leader's own, then both queued callers'
-    names = [r.name for r in outcomes]  # type: ignore[attr-defined]
-    assert names == ["Leader Mention", "Vextral Autoencoder", "Quorbex Transformer"]
-    assert all(r.created for r in outcomes)  # type: ignore[attr-defined]
-    assert service._waiting == [] and not service._leading
-
-
-def test_a_failed_group_fails_each_of_its_callers_and_the_next_call_leads(
-    service: IdentityService, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    real_resolve = service._resolve
-
-    def failing(u, m, context_id, prior=None):  # type: ignore[no-untyped-def]
-        if m.display == "Broken Mention":
-            raise RuntimeError("the store went away")
-        return real_resolve(u, m, context_id, prior)
-
-    monkeypatch.setattr(service, "_resolve", failing)
-    outcomes, _, gate, threads = _queue_behind_a_held_leader(
-        service, monkeypatch, ["Broken Mention", "Quorbex Transformer"])
-    gate.set()
-    for t in threads:
-        t.join(10)
-    assert outcomes[0].created  # type: ignore[union-attr]
-    assert [str(e) for e in outcomes[1:]] == ["the store went away"] * 2  # one transaction
-    assert service._waiting == [] and not service._leading
-    after = service.resolve("Quorbex Transformer", "method")
-    assert after.created  # the failed group wrote nothing, and the next caller led

@@ -1,9 +1,8 @@
-"""The typo table's C loops (identity_server/_typo_native.c) against the same loops in Python.
+"""Every resolve core against the reference core (identity_server.core): the same answers.
 
-The install builds the C module where it finds a compiler and runs the Python loops where it
-does not; the rest of the suite runs whichever is built (the index-versus-scan oracle in
-test_normalize_properties.py included), so here the two are compared directly, on the same
-tables and keys.
+The install builds the compiled core where it finds a C compiler and runs the reference where it
+does not; the rest of the suite runs whichever IDENTITY_CORE selects, so here the two are
+compared directly, on the same inputs, tables and keys.
 """
 
 from __future__ import annotations
@@ -16,40 +15,63 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from identity_server import typo_table
-from identity_server.typo_table import (
-    _BASE,
-    _SEED,
-    DeletionVariantTable,
-    _python_probe_overlay,
-    _python_probe_shards,
-    _python_variant_hashes,
-    _Shard,
-    variant_hash,
-)
+from identity_server import core as core_module
+from identity_server.core import Core, CoreUnavailable, load_core
+from identity_server.core.reference import ReferenceCore
+from identity_server.typo_table import _BASE, _SEED, DeletionVariantTable, _Shard, variant_hash
 
-native = typo_table.native
-needs_native = pytest.mark.skipif(native is None, reason="the C module was not built here")
+try:
+    from identity_server import _typo_native as native
+    from identity_server.core.compiled import CompiledCore
+except ImportError:  # pragma: no cover - no C compiler where the install ran
+    native = None  # type: ignore[assignment]
+    CompiledCore = None  # type: ignore[assignment,misc]
+
+reference = ReferenceCore()
+needs_native = pytest.mark.skipif(native is None, reason="the compiled core was not built here")
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 any_char = st.one_of(st.characters(codec=None), st.characters(categories=["Cs"]))
 
 
-def test_the_c_module_is_built_where_ci_runs() -> None:
-    """CI's machine has a C compiler: there the module must have been built, or the C loops
-    would go untested while every other test passes on the Python ones."""
+def _compiled() -> Core:
+    assert CompiledCore is not None
+    return CompiledCore()
+
+
+def test_the_compiled_core_is_built_where_ci_runs() -> None:
+    """CI's machine has a C compiler: there the compiled core must have been built, or its loops
+    would go untested while every other test passes on the reference."""
     if os.environ.get("CI"):
         assert native is not None, "identity_server._typo_native was not built"
     elif native is None:
-        pytest.skip("the C module was not built here (no compiler): the Python loops run")
+        pytest.skip("the compiled core was not built here (no compiler): the reference runs")
+
+
+def test_identity_core_selects_the_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDENTITY_CORE", "reference")
+    assert load_core().name == "reference"
+    monkeypatch.setenv("IDENTITY_CORE", "fastest")
+    with pytest.raises(CoreUnavailable, match="expected one of auto, reference, compiled"):
+        load_core()
+    monkeypatch.delenv("IDENTITY_CORE")
+    assert load_core().name == ("compiled" if native is not None else "reference")
+
+
+@needs_native
+@FAST
+@given(st.text(any_char, max_size=60))
+def test_compiled_and_reference_normalize_alike(text: str) -> None:
+    """Display form and key on any text (non-ASCII, controls, surrogates)."""
+    assert _compiled().normalize(text) == reference.normalize(text)
 
 
 @needs_native
 @FAST
 @given(st.one_of(st.text(any_char, max_size=40), st.text(any_char, min_size=60, max_size=700)))
-def test_c_and_python_variant_hashes_agree(k: str) -> None:
+def test_compiled_and_reference_variant_hashes_agree(k: str) -> None:
     """Any code point (surrogates, astral, combining), short keys and long ones."""
-    from_c = native.variant_hashes(k, _BASE, _SEED)
-    assert from_c == _python_variant_hashes(k)
+    from_c = _compiled().variant_hashes(k, _BASE, _SEED)
+    assert from_c == reference.variant_hashes(k, _BASE, _SEED)
     assert from_c[0] == variant_hash(k)
     assert from_c[1:] == [variant_hash(k[:i] + k[i + 1 :]) for i in reversed(range(len(k)))]
 
@@ -64,19 +86,17 @@ def _keys(rng: random.Random, count: int) -> list[str]:
 def _near_both_ways(table: DeletionVariantTable, k: str,
                     monkeypatch: pytest.MonkeyPatch) -> tuple[set[str], set[str]]:
     with monkeypatch.context() as m:
-        m.setattr(typo_table, "_probe_shards", native.probe)
-        m.setattr(typo_table, "_probe_overlay", native.probe_overlay)
+        m.setattr(core_module, "_selected", _compiled())
         from_c = table.anchors_near(k)
     with monkeypatch.context() as m:
-        m.setattr(typo_table, "_probe_shards", _python_probe_shards)
-        m.setattr(typo_table, "_probe_overlay", _python_probe_overlay)
+        m.setattr(core_module, "_selected", reference)
         from_python = table.anchors_near(k)
     return from_c, from_python
 
 
 @needs_native
 @pytest.mark.parametrize("seed", range(6))
-def test_c_and_python_lookups_find_the_same_anchors(seed: int,
+def test_compiled_and_reference_lookups_find_the_same_anchors(seed: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Packed shards, the overlay and an overlay set aside for a pack, before and after the
     pack is built (shards merged, anchor numbers taking more bits)."""

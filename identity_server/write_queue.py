@@ -1,0 +1,121 @@
+"""The one write queue: jobs submitted while a group is being written form the next group, and
+each group is written in one transaction (group commit).
+
+Every writing resolve goes through here, from the gRPC server's event loop and from in-process
+callers on threads alike. A submitter that finds nobody writing writes the group itself at once:
+on a thread it may wait for the store's lock; on the event loop it may not, so a group that would
+have to wait is handed to the queue's own writer thread instead. Whatever is queued while a group
+is written goes to that thread too, so no submitter writes more than its own group.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+from identity_server.store import WouldBlock
+
+logger = logging.getLogger(__name__)
+
+J = TypeVar("J")
+R = TypeVar("R")
+
+# write_group(jobs, wait=...) -> one result per job, in order; with wait=False it raises
+# WouldBlock, before doing anything, when a lock stands in its way.
+GroupWrite = Callable[..., Sequence[R]]
+
+
+class WriteQueue(Generic[J, R]):
+    """Group commit over `write_group`, one group at a time."""
+
+    def __init__(self, write_group: GroupWrite[R]) -> None:
+        self._write_group = write_group
+        self._lock = threading.Lock()
+        self._queued: list[tuple[J, Future[R]]] = []
+        self._writing = False  # a group is being written (by a submitter or the writer thread)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="identity-writer")
+
+    def submit(self, job: J, *, may_wait: bool = True) -> Future[R]:
+        """Queue job; its future holds its result once its group is committed. `may_wait`:
+        False on the event loop (never waits: a blocked group goes to the writer thread)."""
+        future: Future[R] = Future()
+        with self._lock:
+            self._queued.append((job, future))
+            if self._writing:
+                return future  # joins the next group
+            self._writing = True
+        try:
+            self._write_queued(wait=may_wait)
+        except WouldBlock:
+            self._hand_to_writer()
+            return future
+        except BaseException:
+            self._pass_on()
+            raise
+        self._pass_on()
+        return future
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the writer thread."""
+        self._writer.shutdown(wait=True)
+
+    def _write_queued(self, *, wait: bool) -> None:
+        """Write everything queued now as one group and settle its futures (a failed group's
+        error goes to each of them). With wait=False a WouldBlock leaves the group queued,
+        untouched, and is raised."""
+        with self._lock:
+            taken = self._queued
+            self._queued = []
+        # A job whose caller cancelled it before its group began is dropped, unwritten.
+        group = [(job, f) for job, f in taken if f.running() or f.set_running_or_notify_cancel()]
+        if not group:
+            return
+        try:
+            results = self._write_group([job for job, _ in group], wait=wait)
+        except WouldBlock:
+            if wait:
+                raise AssertionError("a write that may wait raised WouldBlock") from None
+            with self._lock:
+                self._queued[:0] = group  # first in line again
+            raise
+        except BaseException as e:  # the group's transaction failed: so does each of its jobs
+            for _, future in group:
+                future.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        for (_, future), result in zip(group, results, strict=True):
+            future.set_result(result)
+
+    def _pass_on(self) -> None:
+        """After a group: the next one, queued meanwhile, goes to the writer thread."""
+        with self._lock:
+            if not self._queued:
+                self._writing = False
+                return
+        self._hand_to_writer()
+
+    def _hand_to_writer(self) -> None:
+        try:
+            self._writer.submit(self._drain)
+        except RuntimeError:  # closed: nothing will write what is queued
+            with self._lock:
+                stranded, self._queued = self._queued, []
+                self._writing = False
+            for _, future in stranded:
+                future.set_exception(RuntimeError("the write queue is closed"))
+
+    def _drain(self) -> None:
+        """On the writer thread: write groups until nothing is queued."""
+        while True:
+            self._write_queued(wait=True)
+            with self._lock:
+                if not self._queued:
+                    self._writing = False
+                    return
+
+
+__all__ = ["WriteQueue"]
