@@ -21,7 +21,7 @@ from benchmarks.common import LoadResult, Row, cpu_medians, drive, fmt_rate, med
 from benchmarks.data import Stored, mention_mix, mention_mix_of
 from benchmarks.grpc_load import Client, batch_requests
 from benchmarks.writes import Rows
-from identity_server.store.sql import SqlStore, Tx
+from identity_server.store import SqlStore, Tx
 
 MIX = {"exact": 0.40, "case": 0.10, "punctuation": 0.10, "alias": 0.10, "typo": 0.15,
        "new": 0.15}

@@ -36,7 +36,7 @@ from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 from benchmarks.writes import Rows
 from identity_server.server import GRPC_OPTIONS
 from identity_server.settings import Settings
-from identity_server.store.sql import SqlStore
+from identity_server.store import SqlStore
 
 _BUSY_S = 0.0  # --busy-us: pure-Python work per mention before the canned reply
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from identity_server.domain import Entity, Name, NameKind, Status, provisional_id
 from identity_server.normalize import display_form
-from identity_server.store.sql import ChangeRecord, NameRow, Tx
+from identity_server.store import ChangeRecord, NameRow, Tx
 
 SURFACE_KINDS = ("case", "punctuation", "typo")  # converge on a spelling the entity lacks
 WRITING_KINDS = (*SURFACE_KINDS, "new")

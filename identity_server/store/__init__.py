@@ -1,21 +1,23 @@
 """The identity store behind a small interface: `open_store(url)` gives a store whose `read()`
-and `write()` hand out transactions (`Tx`). What differs by backend lives in its own module."""
+and `write()` hand out transactions (`Tx`). What both backends share is in `base`; what differs
+lives in `sqlite` and `postgres`."""
 
-from identity_server.store.sql import (
-    RETIRED,
+from identity_server.domain import RETIRED, NameRow  # stored names: the domain's own rows
+from identity_server.store.base import (
     ChangeRecord,
     LinkRow,
-    NameRow,
     SqlStore,
     Tx,
     WouldBlock,
+    backend_for,
     ordered_pair,
 )
 
 
 def open_store(url: str, **options: float) -> SqlStore:
-    """The store at `url` (sqlite:///FILE or postgresql+psycopg://...), its tables created."""
-    return SqlStore(url, **options)
+    """The store at `url` (sqlite:///FILE or postgresql+psycopg://...), its tables created.
+    Options are the backend's keyword arguments (busy_timeout_s; SQLite: checkpoint_every_s)."""
+    return backend_for(url)(url, **options)
 
 
 __all__ = ["RETIRED", "ChangeRecord", "LinkRow", "NameRow", "SqlStore", "Tx", "WouldBlock",

@@ -22,7 +22,7 @@ import pytest
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
-from identity_server.store.sql import SqlStore
+from identity_server.store import SqlStore
 
 NAMES = 500
 CLIENTS = 32

@@ -13,8 +13,7 @@ import psycopg
 import pytest
 
 from identity_server.errors import StoreUnavailable
-from identity_server.store import sql
-from identity_server.store.sql import SqlStore
+from identity_server.store import SqlStore, postgres
 
 
 def _started(work: Callable[[], Any]) -> tuple[threading.Thread, list[BaseException | None]]:
@@ -53,7 +52,7 @@ def silent_server() -> Iterator[int]:
 
 def test_a_server_that_never_answers_fails_the_store_within_the_connect_timeout(
         silent_server: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sql, "PG_CONNECT_TIMEOUT_S", 2)
+    monkeypatch.setattr(postgres, "PG_CONNECT_TIMEOUT_S", 2)
     url = f"postgresql+psycopg://postgres@127.0.0.1:{silent_server}/identity"
     error = _outcome(lambda: SqlStore(url), within_s=30)
     assert isinstance(error, StoreUnavailable)
@@ -62,15 +61,15 @@ def test_a_server_that_never_answers_fails_the_store_within_the_connect_timeout(
 
 def test_a_connect_timeout_in_the_url_is_the_users(silent_server: int) -> None:
     url = f"postgresql+psycopg://postgres@127.0.0.1:{silent_server}/identity?connect_timeout=2"
-    assert "connect_timeout" not in sql._pg_connect_args(url)
-    assert sql._pg_connect_args(url)["tcp_user_timeout"] == 60_000  # the others are still ours
+    assert "connect_timeout" not in postgres._pg_connect_args(url)
+    assert postgres._pg_connect_args(url)["tcp_user_timeout"] == 60_000  # the others are still ours
     assert isinstance(_outcome(lambda: SqlStore(url), within_s=30), StoreUnavailable)
 
 
 def _holding_the_write_lock(pg_url: str) -> psycopg.Connection[Any]:
     """Another replica, inside a write transaction (SqlStore's advisory lock taken)."""
     other = psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"))
-    other.execute("SELECT pg_advisory_xact_lock(%s)", (sql._PG_LOCK_KEY,))
+    other.execute("SELECT pg_advisory_xact_lock(%s)", (postgres._PG_LOCK_KEY,))
     return other
 
 
@@ -123,7 +122,7 @@ def test_the_sessions_get_the_bounds_unless_the_url_sets_them(pg_url: str) -> No
 
 def test_a_replica_hung_inside_a_transaction_loses_the_lock(
         pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sql, "PG_IDLE_IN_TRANSACTION_S", 1)
+    monkeypatch.setattr(postgres, "PG_IDLE_IN_TRANSACTION_S", 1)
     hung, healthy = SqlStore(pg_url), SqlStore(pg_url, busy_timeout_s=20)
     inside = threading.Event()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from identity_server.store.sql import SqlStore, Tx
+from identity_server.store import SqlStore, Tx
 
 pytestmark = pytest.mark.postgres
 

@@ -25,7 +25,7 @@ from identity_server.errors import FailedPrecondition, InvalidArgument
 from identity_server.server import RunningServer, start_server
 from identity_server.service import EntityView, ImportReport, ItemError, ResolveResult
 from identity_server.settings import Settings
-from identity_server.store.sql import ChangeRecord, LinkRow
+from identity_server.store import ChangeRecord, LinkRow
 from tests.unit.test_resolve_model import run_against_the_model
 
 TOKEN = "model-test-token"

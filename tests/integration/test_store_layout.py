@@ -34,8 +34,8 @@ def _rowid_store(path: Path) -> None:
 
 def test_a_new_store_keeps_rows_in_key_order(tmp_path: Path) -> None:
     """One b-tree per row written instead of a table and an index: a first-seen spelling's
-    write and a batch's evidence touch half the b-trees (measured: benchmarks/HISTORY.md,
-    stop 20)."""
+    write and a batch's evidence touch half the b-trees (measured: docs/decisions.md,
+    "Rows kept in key order")."""
     path = tmp_path / "identity.sqlite"
     build_service(Settings(db_url=f"sqlite:///{path}")).close()
     tables = _table_sql(path)
