@@ -8,7 +8,7 @@ import itertools
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import InitVar, dataclass, field
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 from identity_server.errors import InvalidArgument
 from identity_server.normalize import WHITE_SPACE, fold, key_of_folded
@@ -53,6 +53,16 @@ class NameRow:
     kind: str
     position: int
     source: str
+
+
+class Mention(NamedTuple):
+    """A mention checked and normalised: its display form, its type (of the vocabulary), the
+    type as given, and the display form's key (worked out once: every look and write needs it)."""
+
+    display: str
+    entity_type: str
+    raw_type: str
+    key: str
 
 
 class Rule(enum.IntEnum):
@@ -132,8 +142,8 @@ class _NameTables:
 class _Extras:
     """What one version of an Entity keeps beyond its fields: its name tables, its name keys
     and the names it grew from. Few versions ever need any (a much-mentioned entity, a version
-    made by `with_name`), so they share one slot, set on first need: one slot instead of three
-    is 16 bytes an entity, ~160 MB of the index at 10 million entities."""
+    made by `with_name`), so they share one slot, set on first need: at millions of entities,
+    two empty slots each would be a noticeable share of the index."""
 
     __slots__ = ("grown_from", "keys", "tables")
 

@@ -11,7 +11,6 @@ in the background, once enough anchors have been filed since (`begin_typo_pack`)
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Mapping
 
 from identity_server.domain import Entity, Name, NameKind, Status
@@ -20,9 +19,6 @@ from identity_server.normalize import key
 from identity_server.typo_table import DeletionVariantTable, OverlayPack, variant_hashes
 
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
-# How many changes the index remembers the name keys of (`changed_since`): enough for a group of
-# writes, few enough that looking through them costs less than deciding again.
-JOURNAL_LENGTH = 32
 # A typo pack is due when the overlay holds this share of the packed anchors (and the service's
 # floor): an overlay anchor costs ~10x a packed one, a pack costs a pass over the packed array.
 _PACK_SHARE = 64
@@ -44,7 +40,6 @@ class NameIndex:
         self._variants = DeletionVariantTable()  # deletion variant -> anchor keys
         self._max_ordinal = 0
         self._bulk_anchors: list[str] | None = None  # load() packs the typo table once, at the end
-        self._generation = 0  # moves on every put and discard: what lookups answer may differ
         # Keys of live placeholders' names -> how many: a changed entity sharing none of them
         # cannot be a new candidate of any placeholder's pair at rules 1-3 (one lookup to tell).
         self._placeholder_keys: dict[str, int] = {}
@@ -59,10 +54,6 @@ class NameIndex:
         # entity it redirects to.
         self._merged_pairs: dict[str, str] = {}
         self._merged_pair_ids: MultiMap = {}  # the key of such a pair -> the placeholders' ids
-        # The name keys before and after of the latest puts and discards, one entry a
-        # generation (keys, not names: a much-mentioned entity has thousands of names and few keys).
-        self._journal: deque[tuple[Collection[str], Collection[str]]] = deque(
-            maxlen=JOURNAL_LENGTH)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -78,23 +69,6 @@ class NameIndex:
     @property
     def max_ordinal(self) -> int:
         return self._max_ordinal
-
-    @property
-    def generation(self) -> int:
-        """Changes whenever an entity is put or discarded, so a caller can tell whether a
-        decision made earlier still stands (packing the typo table changes no answer)."""
-        return self._generation
-
-    def changed_since(self, generation: int) -> list[Collection[str]] | None:
-        """The keys of the names, before and after, of every entity put or discarded since
-        `generation` (a merged entity has none): whatever those changes can have changed a
-        lookup's answer about is among them. None when the index no longer remembers that far
-        back."""
-        behind = self._generation - generation
-        if not 0 <= behind <= len(self._journal):
-            return None
-        journal = self._journal
-        return [keys for i in range(1, behind + 1) for keys in journal[-i]]
 
     def live(self, entity_id: str) -> Entity | None:
         """The entity at the end of entity_id's redirect chain (itself when not merged)."""
@@ -190,7 +164,6 @@ class NameIndex:
     def put(self, entity: Entity) -> None:
         """Add or replace an entity; only the names that changed are re-indexed."""
         eid = entity.entity_id
-        self._generation += 1
         old = self._entities.get(eid)
         self._entities[eid] = entity
         if entity.placeholder or (old is not None and old.placeholder):
@@ -203,15 +176,11 @@ class NameIndex:
         after = entity.names if live else ()
         if old is None:
             self._index_new(eid, after)  # the start-up path: nothing to compare
-            if self._bulk_anchors is None:
-                self._journal.append(((), entity.name_keys() if live else ()))
         else:
             was_live = old.status is not Status.MERGED
             before = old.names if was_live else ()
             grown = live and was_live and entity.grew_from(before)
             self._reindex(eid, before, after, grown=grown)
-            self._journal.append((old.name_keys() if was_live else (),
-                                  entity.name_keys() if live else ()))
         self._max_ordinal = max(self._max_ordinal, entity.ordinal)
 
     def put_many(self, entities: Iterable[Entity]) -> None:
@@ -225,7 +194,6 @@ class NameIndex:
             raise ValueError("load() fills an empty index; use put() to change one")
         anchors: list[str] = []
         self._bulk_anchors = anchors
-        self._journal.clear()  # load() journals nothing: changed_since() before it says None
         try:
             self.put_many(entities)
         finally:
@@ -261,15 +229,11 @@ class NameIndex:
         self._variants.abandon(pack)
 
     def discard(self, entity_id: str) -> None:
-        self._generation += 1
         old = self._entities.pop(entity_id, None)
         self._file_placeholder(old, -1)
         self._merged_pairs.pop(entity_id, None)
         if old is not None and old.status is not Status.MERGED:
             self._reindex(entity_id, old.names, ())
-            self._journal.append((old.name_keys(), ()))
-        else:
-            self._journal.append(((), ()))
 
     def _file_placeholder(self, entity: Entity | None, step: int) -> None:
         """Count a placeholder's keys in (step 1) or out (step -1), and file or unfile the
@@ -338,7 +302,7 @@ class NameIndex:
         if collecting is not None:
             # load(): collected now, packed once at the end. Each key once: a key that another
             # entity already holds is collected only if none of those holds it as an anchor
-            # (rare, and no table of every key seen is needed: at 10M entities, ~0.5 GB).
+            # (rare, and no table of every key seen is needed: it would be large at 10M).
             for k in {n.key for n in names if _is_anchor(n)}:
                 ids = self._by_key[k]
                 if isinstance(ids, str) or not any(

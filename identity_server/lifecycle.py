@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from identity_server.domain import (
     OTHER,
     RETIRED,
     Entity,
     MatchKind,
+    Mention,
     NameKind,
     NameRow,
     Rule,
@@ -24,9 +24,6 @@ from identity_server.domain import (
     types_compatible,
 )
 from identity_server.matching import Decision, Outcome
-
-if TYPE_CHECKING:
-    from identity_server.service import Mention
 
 # Where a name came from. Only the authority's own aliases are retired when a re-import no
 # longer lists them; a curator's, a merge's or a previous name stays. An alias the authority

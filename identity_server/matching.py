@@ -115,27 +115,6 @@ def decide(index: IndexView, display: str, mention_type: str, k: str | None = No
     return _typo(index, k, mention_type)
 
 
-def still_stands(d: Decision, k: str, changed: Iterable[Collection[str]]) -> bool:
-    """Whether decision d, made for a mention with key k, is what decide() would answer after
-    entities whose names had the `changed` keys (each entity's before and after) changed, and
-    nothing else.
-
-    An entity is looked at by rules 1 to 3 only through a name with key k, and by rule 4 only
-    through a name whose key is one edit from k; rule 4 is reached only when rules 1 to 3 found
-    no candidate. An entity that, before and after, had no such name was no candidate and has
-    become none, so the answer stands.
-    """
-    near = d.rule is None or d.rule is Rule.TYPO  # rule 4 was looked at
-    for keys in changed:
-        if k in keys:
-            return False
-        if near:
-            for nk in keys:
-                if -1 <= len(nk) - len(k) <= 1 and one_edit_apart(nk, k):
-                    return False
-    return True
-
-
 def pair_candidates(index: IndexView, placeholder: Entity,
                     display: str) -> tuple[Candidate, ...]:
     """The best-ranked candidates of a placeholder's (display form, type) pair, decided as if
@@ -250,5 +229,4 @@ __all__ = [
     "decide",
     "pair_candidates",
     "rank",
-    "still_stands",
 ]

@@ -25,7 +25,7 @@ from identity_server.handlers import SERVICE, add_identity_service, add_service
 from identity_server.service import IdentityService, ServiceConfig
 from identity_server.servicer import IdentityServicer
 from identity_server.settings import MAX_MESSAGE_BYTES, Settings
-from identity_server.store import SqlStore
+from identity_server.store import open_store
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,7 +46,7 @@ REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 def build_service(settings: Settings) -> IdentityService:
     """The use-case layer over the configured store (also used by the CLI's import command)."""
-    store = SqlStore(settings.db_url)
+    store = open_store(settings.db_url)
     config = ServiceConfig(
         vocabulary=TypeVocabulary.of(settings.types, strict=settings.strict_types),
         max_mention_length=settings.max_mention_length,

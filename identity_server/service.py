@@ -1,25 +1,19 @@
 """Use cases of the identity server: resolve, inspect, curate, import. One transaction each.
 
-Writes run under the store's write lock (`_write`): the index first catches up with the change
-feed, so a decision always sees every committed change from every server process, and the
-outcome of concurrent calls equals some one-at-a-time order of them. Reads catch up the same way
-without the store's lock. Within one process, a lock serialises the threads that change the
-index; answers that only read it run without that lock, optimistically (`_answer`).
+Every write is one unit of work under the store's write lock, on an index caught up with every
+committed change (`live_index.LiveIndex`), so the outcome of concurrent calls equals some
+one-at-a-time order of them. How a resolve flows: docs/architecture.md.
 """
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import logging
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 from identity_server import json_text, lifecycle
 from identity_server.authority import AuthorityRecord, Line, RecordError, parse_authority
@@ -27,6 +21,7 @@ from identity_server.core import Core, selected
 from identity_server.domain import (
     Entity,
     MatchKind,
+    Mention,
     NameKind,
     Status,
     TypeVocabulary,
@@ -43,7 +38,8 @@ from identity_server.errors import (
 )
 from identity_server.index import NameIndex, anchor_keys
 from identity_server.lifecycle import CURATOR
-from identity_server.matching import Decision, Outcome, pair_candidates, still_stands
+from identity_server.live_index import LiveIndex
+from identity_server.matching import Decision, Outcome, pair_candidates
 from identity_server.normalize import display_form, key, warm_up
 from identity_server.store import ChangeRecord, LinkRow, SqlStore, Tx, WouldBlock
 from identity_server.unit import DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
@@ -51,7 +47,6 @@ from identity_server.write_queue import WriteQueue
 
 logger = logging.getLogger(__name__)
 
-PACK_RETRY_AFTER_S = 60.0  # after a failed typo pack, the next waits this long
 T = TypeVar("T")
 
 IMPORT_CHUNK = 1000
@@ -64,18 +59,6 @@ MAX_ACTOR_LENGTH = 512
 MAX_REASON_LENGTH = 4096
 
 
-class Mention(NamedTuple):
-    """A mention checked and normalised: its display form, its type, the raw type given, and
-    the display form's key (worked out once: every look and write of the mention needs it)."""
-
-    display: str
-    entity_type: str
-    raw_type: str
-    key: str
-
-
-# Mention and ResolveResult are NamedTuples, not frozen dataclasses: every mention resolved
-# makes one of each, and a frozen dataclass's __init__ costs several times a tuple's.
 class ResolveResult(NamedTuple):
     """One mention's answer."""
 
@@ -143,22 +126,18 @@ class ImportReport:
     errors: tuple[RecordError, ...] = ()
 
 
-class _Prior(NamedTuple):
-    """A decision made by a lock-free look, and the index generation it was made at: it stands
-    while no entity that could be one of its candidates has changed since (decide() is a
-    function of the index; see matching.still_stands)."""
+@dataclass(frozen=True, slots=True)
+class _Unchanged:
+    """A lock-free look's answer: the results, or None when the request must write."""
 
-    decision: Decision
-    looked_at: NameIndex  # the index it was made on (a reload replaces the index)
-    generation: int
+    results: list[ResolveResult | ItemError] | None
 
 
 @dataclass(frozen=True, slots=True)
 class _Job:
-    """A request on the write queue: the batch, and the lock-free look's decisions, if any."""
+    """A request on the write queue."""
 
     batch: PreparedBatch
-    priors: list[_Prior | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,111 +163,34 @@ class IdentityService:
         self.config = config
         self.core = core or selected()  # the per-mention hot loop (see identity_server.core)
         self.writes: WriteQueue[_Job, BatchReply] = WriteQueue(self._write_group)
-        self.index = NameIndex()
-        self._seq = 0
-        self._lock = threading.RLock()
-        # Odd while a thread changes the index (always under _lock), so a reader that ran
-        # without the lock can tell whether what it read may be torn (see _answer).
-        self._index_version = 0
-        self._settled_marker: bytes | None = None  # store.commit_marker() the index is current at
-        self._known_papers: dict[str, set[str]] = {}
+        self._known_papers: dict[str, set[str]] = {}  # papers counted for promotion, by entity
         self._batches_written = 0
-        self._packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="typo-pack")
-        self._packing: Future[None] | None = None
-        self._no_pack_before = 0.0  # time.monotonic() before which no pack starts
         warm_up()
-        self._load()
+        self.live = LiveIndex(store, typo_pack_at=config.typo_pack_at)
+        logger.info("resolve core: %s", self.core.name)
 
-    # -- start-up and catching up ----------------------------------------------------------------
-
-    def _load(self) -> None:
-        """Build the index from the store: the feed position first, then every entity, so
-        changes committed meanwhile are replayed by the next catch-up (reloads are idempotent)."""
-        collecting = gc.isenabled()
-        gc.disable()  # millions of long-lived objects: cyclic collections would re-walk them all
-        try:
-            with self._lock, self._changing_index(), self.store.read() as tx:
-                self._settled_marker = self.store.commit_marker()
-                self._seq = tx.max_seq()
-                self.index = NameIndex()
-                self.index.load(tx.iter_all_entities())
-                self.index.note_merged_placeholders(tx.merged_placeholder_pairs())
-        finally:
-            gc.freeze()  # the index lives as long as the process: keep it out of later collections
-            if collecting:
-                gc.enable()
-        logger.info("index built: %d entities, feed at %d; resolve core: %s", len(self.index),
-                    self._seq, self.core.name)
-
-    def _catch_up(self, tx: Tx) -> None:
-        changes = tx.changes_after(self._seq)
-        if not changes:
-            return
-        ids: set[str] = set()
-        for c in changes:
-            ids.add(c.entity_id)
-            if c.other_id:
-                ids.add(c.other_id)
-            ids.update(c.detail.get("redirected", ()))
-        self._reload(tx, ids)
-        self._seq = changes[-1].seq
-        self._schedule_typo_pack()
-
-    def _reload(self, tx: Tx, ids: Iterable[str]) -> None:
-        wanted = set(ids)
-        loaded = tx.load_entities(wanted)
-        for eid in wanted:
-            entity = loaded.get(eid)
-            if entity is None:
-                self.index.discard(eid)
-            else:
-                self.index.put(entity)
-        unpaired = self.index.merged_placeholders_unpaired(wanted)
-        if unpaired:  # merged away before this process saw them live
-            self.index.note_merged_placeholders(tx.merged_placeholder_pairs(unpaired))
-
-    @contextmanager
-    def _changing_index(self) -> Iterator[None]:
-        """Mark the index as changing for the block (the caller holds _lock; never nested)."""
-        self._index_version += 1
-        try:
-            yield
-        finally:
-            self._index_version += 1
+    @property
+    def index(self) -> NameIndex:
+        return self.live.index
 
     def _write(self, work: Callable[[Unit], T], *, wait: bool = True) -> T:
-        """work in a write transaction, under the lock. The store's write lock is taken first,
-        so a write waiting for another process's holds no lock of this process: reads that
-        must catch up go on meanwhile (nothing takes the store's lock while holding _lock).
-        wait=False: WouldBlock, before anything is done, when either lock is taken."""
-        locked = False
-        unit: Unit | None = None
-        try:
-            with self.store.write(wait=wait) as tx:
-                if not self._lock.acquire(blocking=wait):
-                    raise WouldBlock("another thread of this process holds the index")
-                locked = True
-                self._index_version += 1  # changing: lock-free readers wait or retry
-                if not self._settled():
-                    self._catch_up(tx)
-                unit = Unit(tx, self.index, self._seq)
-                result = work(unit)
-                self._link_placeholders_to_later_candidates(unit)
-                unit.flush()
-            self._seq = unit.seq
-            self._settle_after_own_commit(tx.commit_marker)
-            self._schedule_typo_pack()
+        """work in one write transaction, then the placeholder links its changes call for.
+        wait=False: WouldBlock, before anything is done, when a lock is taken."""
+        def linking(u: Unit) -> T:
+            result = work(u)
+            self._link_placeholders_to_later_candidates(u)
             return result
-        except BaseException:
-            if unit is not None and unit.touched:
-                self._known_papers.clear()
-                with self.store.read() as tx:
-                    self._reload(tx, unit.touched)
+
+        try:
+            return self.live.write(linking, wait=wait)
+        except WouldBlock:
             raise
-        finally:
-            if locked:
-                self._index_version += 1
-                self._lock.release()
+        except BaseException:
+            self._known_papers.clear()  # counted papers may have been rolled back
+            raise
+
+
+    # -- start-up and catching up ----------------------------------------------------------------
 
     def _link_placeholders_to_later_candidates(self, u: Unit) -> None:
         """SPEC: a placeholder is linked to every best-ranked candidate of its pair, 'including
@@ -324,112 +226,11 @@ class IdentityService:
                     for c in pair_candidates(index, placeholder, display):
                         u.link(owner.entity_id, c.entity.entity_id)
 
-    def _schedule_typo_pack(self) -> None:
-        """Start packing the typo overlay in the background when enough anchors wait in it
-        (under _lock, so one pack at a time), keeping the index's memory near start-up's."""
-        if self._packing is not None and not self._packing.done():
-            return
-        if time.monotonic() < self._no_pack_before:
-            return
-        if self.index.typo_pack_due(self.config.typo_pack_at):
-            try:
-                self._packing = self._packer.submit(self._pack_typo_overlay)
-            except RuntimeError:  # closed: a straggling call must not fail after its commit
-                logger.debug("typo pack not started: the service is closed")
-
-    def _pack_typo_overlay(self) -> None:
-        """Move the typo overlay's anchors into the packed table: set the overlay aside and,
-        at the end, drop it under the lock (both quick); in between, merge it into the shards
-        without the lock (reads and writes go on; anchors filed meanwhile wait in a fresh
-        overlay for the next pack)."""
-        index = self.index
-        with self._lock, self._changing_index():
-            pack = index.begin_typo_pack()
-        try:
-            index.build_typo_pack(pack)
-        except Exception:  # a failed pack costs memory, never answers
-            logger.exception("packing the typo table failed; its overlay keeps serving, and the "
-                             "next pack waits %.0f s", PACK_RETRY_AFTER_S)
-            with self._lock, self._changing_index():
-                index.abandon_typo_pack(pack)
-                self._no_pack_before = time.monotonic() + PACK_RETRY_AFTER_S
-            return
-        with self._lock, self._changing_index():
-            installed = self.index is index and index.install_typo_pack(pack)
-        pack.release()
-        logger.info("typo table: %d anchors packed (%s)", len(pack.absorbed),
-                    "installed" if installed else "dropped: the index was rebuilt")
-
     def close(self) -> None:
         """Finish the queued writes and a typo pack in flight, then close the store."""
         self.writes.close()
-        self._packer.shutdown(wait=True, cancel_futures=True)
+        self.live.close()
         self.store.close()
-
-    def _read(self, work: Callable[[Tx], T]) -> T:
-        with self._lock, self.store.read() as tx:
-            with self._changing_index():
-                self._catch_up(tx)
-            return work(tx)
-
-    def _settle(self) -> None:
-        """Bring the index up to the store's last commit (under _lock); no transaction when
-        nothing was committed since the last look, or only this process's own writes were."""
-        marker, last = self.store.commit_state()
-        if marker is not None and marker == self._settled_marker:
-            return
-        if last != self._seq:
-            with self._changing_index(), self.store.read() as tx:
-                self._catch_up(tx)
-        self._settled_marker = marker
-
-    def _settled(self) -> bool:
-        """Whether the store reports no commit since the index was last known current."""
-        marker = self._settled_marker
-        return marker is not None and self.store.commit_marker() == marker
-
-    def _settle_after_own_commit(self, own: bytes | None) -> None:
-        """Mark the index settled at the commit just made when no other process committed
-        since, so the next lock-free read need not take the lock to find that out. `own`: the
-        store's marker as that commit left it, when the store could tell that nothing came
-        after it; else the marker is read before the newest sequence number, so it never
-        stands for more commits than the index holds."""
-        if own is not None:
-            self._settled_marker = own
-            return
-        marker, last = self.store.commit_state()
-        if marker is not None and last == self._seq:
-            self._settled_marker = marker
-
-    def _answer(self, work: Callable[..., T], *args: Any) -> T:
-        """work(*args), which only reads the index, once the index holds every committed change.
-
-        Optimistic first: when no thread is changing the index and the store reports no commit
-        since the index last caught up, work runs without the lock, and its result stands if the
-        index version did not move meanwhile (a torn read, or one that failed because the index
-        changed under it, is retried). Otherwise, or then, under the lock.
-        """
-        result = self._answer_at_once(work, *args)
-        if result is not None:
-            return result
-        with self._lock:
-            self._settle()
-            return work(*args)
-
-    def _answer_at_once(self, work: Callable[..., T], *args: Any) -> T | None:
-        """`_answer`'s optimistic path alone: work(*args), or None when it needs the lock. (The
-        arguments passed, not a closure made: the event loop answers most Resolves here.)"""
-        version = self._index_version
-        if not version & 1 and self._settled():
-            try:
-                result = work(*args)
-            except Exception:
-                if self._index_version == version:
-                    raise
-            else:
-                if self._index_version == version:
-                    return result
-        return None
 
     # -- checking input --------------------------------------------------------------------------
 
@@ -512,52 +313,40 @@ class IdentityService:
         queue's reply. may_wait=False (the event loop): nothing here waits for a lock, and None
         says the request needs a thread that may (the index is changing or behind the store)."""
         if batch.lookup_only:
-            looked = self._answer_at_once(self._look_all, batch.parsed)
+            looked = self.live.answer_at_once(self._look_all, batch.parsed)
             if looked is not None:
                 return looked
-            return self._answer(self._look_all, batch.parsed) if may_wait else None
+            return self.live.answer(self._look_all, batch.parsed) if may_wait else None
         if batch.context_id:  # evidence is recorded: always a write
             return self.writes.submit(_Job(batch), may_wait=may_wait)
-        looked_now = self._answer_at_once(self._unchanged, batch.parsed)
-        if looked_now is None:  # the index is changing or behind the store
+        unchanged = self.live.answer_at_once(self._unchanged, batch.parsed)
+        if unchanged is None:  # the index is changing or behind the store
             if not may_wait:
                 return None
             # Caught up under the process lock, not the store's write lock: a write waiting
             # for another process's lock does not hold up a request that writes nothing.
-            looked_now = self._answer(self._unchanged, batch.parsed)
-        results, priors = looked_now
-        if results is not None:
-            return BatchReply(results)
-        return self.writes.submit(_Job(batch, priors), may_wait=may_wait)
+            unchanged = self.live.answer(self._unchanged, batch.parsed)
+        if unchanged.results is not None:
+            return BatchReply(unchanged.results)
+        return self.writes.submit(_Job(batch), may_wait=may_wait)
 
     def _look_all(self, parsed: Sequence[Mention | ItemError]) -> BatchReply:
         return BatchReply([p if isinstance(p, ItemError) else self._look(p) for p in parsed])
 
-    def _unchanged(self, parsed: Sequence[Mention | ItemError]
-                   ) -> tuple[list[ResolveResult | ItemError] | None, list[_Prior | None]]:
-        """The results when resolving these mentions (without evidence) would write nothing,
-        else None; and each mention's decision, which the write reuses while it stands."""
-        index = self.index
-        generation = index.generation
-        results: list[ResolveResult | ItemError] | None = []
-        priors: list[_Prior | None] = []
+    def _unchanged(self, parsed: Sequence[Mention | ItemError]) -> _Unchanged:
+        """The results when resolving these mentions (without evidence) writes nothing."""
+        results: list[ResolveResult | ItemError] = []
         for m in parsed:
             if isinstance(m, ItemError):
-                priors.append(None)
-                if results is not None:
-                    results.append(m)
+                results.append(m)
                 continue
-            d = self.core.decide(index, m)
-            priors.append(_Prior(d, index, generation))
-            if results is None:
-                continue
-            if lifecycle.plan_resolve(d, m, context_id="").writes_nothing:
-                assert d.winner is not None
-                results.append(_result(d.winner.entity, d.match_kind, False, (),
-                                       _candidate_ids(d), d.winner.matched_name, m))
-            else:
-                results = None  # a write is needed; the rest still get their decisions
-        return results, priors
+            d = self.core.decide(self.index, m)
+            if not lifecycle.plan_resolve(d, m, context_id="").writes_nothing:
+                return _Unchanged(None)  # a write is needed: decided again under the lock
+            assert d.winner is not None
+            results.append(_result(d.winner.entity, d.match_kind, False, (), _candidate_ids(d),
+                                   d.winner.matched_name, m))
+        return _Unchanged(results)
 
     def _write_group(self, jobs: Sequence[_Job], *, wait: bool = True) -> list[BatchReply]:
         """The write queue's group: every job in order, in one transaction."""
@@ -570,13 +359,12 @@ class IdentityService:
             stored = u.tx.batch_reply(batch.request_hash, not_before=oldest_kept)
             if stored is not None:
                 return BatchReply(_decode_results(stored), replayed=True)
-        priors = job.priors or [None] * len(batch.parsed)
         results: list[ResolveResult | ItemError] = []
-        for m, prior in zip(batch.parsed, priors, strict=True):
+        for m in batch.parsed:
             if isinstance(m, ItemError):
                 results.append(m)
                 continue
-            results.append(self._resolve_one(u, m, batch.context_id, prior))
+            results.append(self._resolve_one(u, m, batch.context_id))
             # As a call of its own would: the next mention may find a new best candidate.
             self._link_placeholders_to_later_candidates(u)
         if batch.request_hash is not None:
@@ -586,13 +374,9 @@ class IdentityService:
                 u.tx.purge_batch_replies(before=oldest_kept)
         return BatchReply(results)
 
-    def _resolve_one(self, u: Unit, m: Mention, context_id: str,
-                     prior: _Prior | None) -> ResolveResult:
+    def _resolve_one(self, u: Unit, m: Mention, context_id: str) -> ResolveResult:
         """Decide, plan the writes, apply them: one mention inside a write transaction."""
-        if prior is not None and self._stands(prior, m):
-            d = prior.decision  # made by the lock-free look, and still what deciding gives
-        else:
-            d = self.core.decide(self.index, m)
+        d = self.core.decide(self.index, m)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "decision mention=%r type=%s rule=%s outcome=%s candidates=%s",
@@ -609,18 +393,6 @@ class IdentityService:
             entity = self._promote_by_evidence(u, entity, context_id)
         return _result(entity, plan.match_kind, plan.new_entity, linked, _candidate_ids(d),
                        plan.matched_name, m)
-
-    def _stands(self, prior: _Prior, m: Mention) -> bool:
-        """Whether the lock-free look's decision is what deciding now would give: the index is
-        the one it looked at, and nothing changed since, or only entities that could not be
-        candidates of the mention (the writes grouped before it are mostly of other names)."""
-        index = self.index
-        if prior.looked_at is not index:
-            return False
-        if prior.generation == index.generation:
-            return True
-        changed = index.changed_since(prior.generation)
-        return changed is not None and still_stands(prior.decision, m.key, changed)
 
     def _promote_by_evidence(self, u: Unit, entity: Entity, context_id: str) -> Entity:
         """Evidence from a paper not yet counted for the entity may make it due for promotion.
@@ -682,7 +454,7 @@ class IdentityService:
                 raise EntityNotFound(f"no entity with id {entity_id!r}")
             return self._view(tx, entity, forms)
 
-        return self._read(work)
+        return self.live.read(work)
 
     def _view(self, tx: Tx, entity: Entity, forms: slice = slice(None)) -> EntityView:
         """What a caller is shown of an entity; `forms`: which of its surface forms."""
@@ -726,7 +498,7 @@ class IdentityService:
                 token = json.dumps([last.created_seq, last.a, last.b])
             return rows, token
 
-        return self._read(work)
+        return self.live.read(work)
 
     def list_changes(self, after: int, limit: int | None = None) -> list[ChangeRecord]:
         with self.store.read() as tx:
@@ -882,8 +654,8 @@ class IdentityService:
         for _ in range(MAX_IMPORT_MERGE_PASSES):
             targets: dict[str, set[str]] = {}
             for i in range(0, len(pending), IMPORT_CHUNK):
-                with self._lock:  # a part at a time: resolves go on between parts
-                    self._settle()
+                with self.live.lock:  # a part at a time: resolves go on between parts
+                    self.live.settle()
                     self._collect_import_targets(pending[i : i + IMPORT_CHUNK], keys, targets)
             found = [pid for pid, t in targets.items() if handled.get(pid) != frozenset(t)]
             if not found:

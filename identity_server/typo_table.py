@@ -1,8 +1,8 @@
 """The deletion-variant table behind typo lookup, packed so that millions of names fit in memory.
 
 Every anchor key is filed under itself and each string one deletion away from it (about 19
-variants for a typical name). Held as Python strings in a dict, those variants cost ~1.8 KB per
-entity, most of the index. Here the bulk of them lives in sorted arrays of 8-byte words,
+variants for a typical name). Held as Python strings in a dict, those variants would be most of
+the index's memory. Here the bulk of them lives in sorted arrays of 8-byte words,
 `(high bits of the variant's hash) | anchor number`, one array per shard (the hash's top 4
 bits), each with a directory of bucket starts indexed by the next bits of the hash (about four
 words a bucket): a lookup hashes its len(k) + 1 probes and reads one short bucket for each, so
@@ -51,7 +51,7 @@ _SHARD_SHIFT = 64 - _SHARD_BITS
 _WORDS_PER_BUCKET = 4  # the directory costs 4 bytes per bucket: ~1 byte a variant
 _DIRECTORY_CHUNK = 1 << 20  # bucket starts found this many at a time (bounded scratch memory)
 _BUILD_CHUNK = 1 << 16  # anchors encoded at a time
-_HASH_CHUNK = 1 << 14  # anchors hashed at a time in numpy (~25 MB of scratch arrays)
+_HASH_CHUNK = 1 << 14  # anchors hashed at a time in numpy (bounds the scratch arrays)
 _SHARD_STARTS = np.arange(1 << _SHARD_BITS, dtype=np.uint64) << np.uint64(_SHARD_SHIFT)
 
 Words = npt.NDArray[np.uint64]

@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from identity_server import lifecycle
-from identity_server.domain import RETIRED, Entity, Name, NameKind, NameRow, Status, provisional_id
+from identity_server.domain import (
+    RETIRED,
+    Entity,
+    Mention,
+    Name,
+    NameKind,
+    NameRow,
+    Status,
+    provisional_id,
+)
 from identity_server.errors import FailedPrecondition
 from identity_server.index import NameIndex
 from identity_server.lifecycle import (
@@ -23,9 +32,6 @@ from identity_server.lifecycle import (
     ResolveWrites,
 )
 from identity_server.store import ChangeRecord, Tx
-
-if TYPE_CHECKING:
-    from identity_server.service import Mention
 
 # Change-feed kinds (SPEC section 3).
 CREATED = "created"

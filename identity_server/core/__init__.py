@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from identity_server.errors import StartupError
 
 if TYPE_CHECKING:
+    from identity_server.domain import Mention
     from identity_server.matching import Decision, IndexView
-    from identity_server.service import Mention
 
 ENVIRONMENT_VARIABLE = "IDENTITY_CORE"
 CHOICES = ("auto", "reference", "compiled")

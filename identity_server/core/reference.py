@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from identity_server import matching, normalize
 
 if TYPE_CHECKING:
+    from identity_server.domain import Mention
     from identity_server.matching import Decision, IndexView
-    from identity_server.service import Mention
 
 _U64 = (1 << 64) - 1
 

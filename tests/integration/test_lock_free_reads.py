@@ -13,7 +13,6 @@ import json
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
 
@@ -77,7 +76,7 @@ def test_settled_lookups_take_no_lock(service: IdentityService) -> None:
     assert expected["Transfromer"] == ("Q1", MatchKind.TYPO)
     assert expected["graph net"] == ("Q2", MatchKind.ALIAS)
     counting = CountingLock()
-    service._lock = counting  # type: ignore[assignment]
+    service.live.lock = counting  # type: ignore[assignment]
     for _ in range(50):
         for mention, answer in expected.items():
             r = service.resolve(mention, "method", lookup_only=True)
@@ -100,7 +99,7 @@ def test_a_read_the_index_changed_under_is_answered_again_under_the_lock(
     nothing moved stands, and its error is the caller's."""
     service.resolve("Transformer", "method", lookup_only=True)  # settles the index
     counting = CountingLock()
-    service._lock = counting  # type: ignore[assignment]
+    service.live.lock = counting  # type: ignore[assignment]
     calls: list[bool] = []
 
     def settled() -> str:
@@ -115,7 +114,7 @@ def test_a_read_the_index_changed_under_is_answered_again_under_the_lock(
             first = not calls
             calls.append(first)
             if first:
-                service._index_version += 2  # a whole change went by during this read
+                service.live._index_version += 2  # a whole change went by during this read
                 if outcome == "error":
                     raise KeyError("an entity vanished under the read")
                 return "torn"
@@ -125,22 +124,22 @@ def test_a_read_the_index_changed_under_is_answered_again_under_the_lock(
     for outcome in ("value", "error"):
         calls.clear()
         taken = counting.taken
-        assert service._answer(changed_meanwhile(outcome)) == "settled"
+        assert service.live.answer(changed_meanwhile(outcome)) == "settled"
         assert calls == [True, False] and counting.taken == taken + 1
 
-    service._index_version += 1  # a change under way: not even tried without the lock
+    service.live._index_version += 1  # a change under way: not even tried without the lock
     try:
         calls.clear()
         taken = counting.taken
-        assert service._answer(settled) == "settled"
+        assert service.live.answer(settled) == "settled"
         assert calls == [True] and counting.taken == taken + 1
     finally:
-        service._index_version += 1
+        service.live._index_version += 1
 
     taken = counting.taken
-    assert service._answer(lambda: "quiet") == "quiet"
+    assert service.live.answer(lambda: "quiet") == "quiet"
     with pytest.raises(ValueError, match="the caller's own"):
-        service._answer(fails)
+        service.live.answer(fails)
     assert counting.taken == taken
 
 
@@ -165,7 +164,7 @@ def test_readers_racing_a_writer_always_get_the_settled_answer(
 ) -> None:
     """With the default pack threshold the new anchors stay in the typo overlay; with a small
     one the overlay is packed in the background again and again while the readers read."""
-    service.config = replace(service.config, typo_pack_at=typo_pack_at)
+    service.live.typo_pack_at = typo_pack_at
     expected = _expected(service)
     stop = threading.Event()
     failures: list[Any] = []

@@ -1,7 +1,7 @@
 """The one resolve path on a real SQLite store: a request the index answers without writing
-never reaches the write queue; a write reuses its lock-free decision only while nothing that
-could change it has changed; callers queued behind a group are written together, in order; a
-failed group fails each of its callers and the queue goes on."""
+never reaches the write queue; a write decides under the lock, after the writes ahead of it;
+callers queued behind a group are written together, in order; a failed group fails each of its
+callers and the queue goes on."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from identity_server.domain import MatchKind
-from identity_server.matching import Decision, IndexView, Outcome
+from identity_server.matching import Decision, IndexView
 from identity_server.service import IdentityService, Mention, PreparedBatch, _Job
 from identity_server.store import WouldBlock
 
@@ -43,48 +43,28 @@ def _one(service: IdentityService, text: str, etype: str = "method") -> Prepared
     return service.prepare_one(text, etype)
 
 
-def test_a_write_reuses_the_decision_its_lock_free_look_made(
+def test_a_write_decides_again_under_the_lock(
     service: IdentityService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The lock-free look only tells whether a request writes; what it writes is decided in
+    the write transaction, on the index as every earlier write left it."""
     made = service.resolve("Quorbex Transformer", "method")
     calls = _count_decisions(service, monkeypatch)
     r = service.resolve("QUORBEX transformer", "method")  # a new surface form: a write
     assert (r.entity_id, r.match_kind) == (made.entity_id, MatchKind.CASE)
-    assert calls == ["QUORBEX transformer"]  # decided once, not again under the write lock
+    assert calls == ["QUORBEX transformer"] * 2  # the look, then the write
     assert "QUORBEX transformer" in service.get_entity(made.entity_id).surface_forms
 
 
-def test_a_decision_made_before_the_index_changed_is_made_again(
+def test_a_group_decides_each_mention_after_the_writes_ahead_of_it(
     service: IdentityService,
 ) -> None:
-    batch = _one(service, "Vextral Autoencoder")
-    unchanged, priors = service._unchanged(batch.parsed)
-    assert unchanged is None and priors[0] is not None
-    assert priors[0].decision.outcome is Outcome.NEW
-    first = service.resolve("Vextral Autoencoder", "method")  # the index changes meanwhile
-    (reply,) = service._write_group([_Job(batch, priors)])
-    (again,) = reply.results
-    # Reusing the stale NEW decision would have made a second entity.
-    assert (again.entity_id, again.created, again.match_kind) == (  # type: ignore[union-attr]
-        first.entity_id, False, MatchKind.EXACT)
-
-
-def test_a_group_reuses_decisions_the_writes_before_them_cannot_have_changed(
-    service: IdentityService, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In a group of writes, a mention keeps its lock-free decision when the writes ahead of
-    it touched only unrelated names, and is decided again when one of them made a candidate."""
-    texts = ("Quorbex Lattice", "Vextral Autoencoder", "Quorbex Latice", "Zintrop Mesh")
-    jobs = []
-    for text in texts:
-        batch = _one(service, text)
-        _, priors = service._unchanged(batch.parsed)
-        jobs.append(_Job(batch, priors))
-    calls = _count_decisions(service, monkeypatch)
+    """In a group of writes, "Quorbex Latice" looked before "Quorbex Lattice" existed (NEW);
+    the group made that entity first, so the typo finds it instead of making a second one."""
+    jobs = [_Job(_one(service, text)) for text in (
+        "Quorbex Lattice", "Vextral Autoencoder", "Quorbex Latice", "Zintrop Mesh")]
+    assert service._unchanged(jobs[2].batch.parsed).results is None  # NEW when looked at
     first, unrelated, typo, last = (r.results[0] for r in service._write_group(jobs))
-    # "Quorbex Latice" looked before "Quorbex Lattice" existed (NEW); the group made it first,
-    # so deciding again finds it by a typo instead of making a second entity.
-    assert calls == ["Quorbex Latice"]
     assert (typo.entity_id, typo.match_kind, typo.created) == (  # type: ignore[union-attr]
         first.entity_id, MatchKind.TYPO, False)  # type: ignore[union-attr]
     assert all(r.created for r in (first, unrelated, last))  # type: ignore[union-attr]
@@ -120,7 +100,7 @@ def test_a_service_write_that_must_not_wait_leaves_no_trace(service: IdentitySer
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with service._lock:
+        with service.live.lock:
             held.set()
             release.wait(10)
 
@@ -196,10 +176,10 @@ def test_a_failed_group_fails_each_of_its_callers_and_the_next_call_writes(
 ) -> None:
     real_resolve = service._resolve_one
 
-    def failing(u, m, context_id, prior):  # type: ignore[no-untyped-def]
+    def failing(u, m, context_id):  # type: ignore[no-untyped-def]
         if m.display == "Broken Mention":
             raise RuntimeError("the store went away")
-        return real_resolve(u, m, context_id, prior)
+        return real_resolve(u, m, context_id)
 
     monkeypatch.setattr(service, "_resolve_one", failing)
     outcomes, _, gate, threads = _queue_behind_a_held_group(

@@ -4,7 +4,6 @@ failed pack leaves the overlay serving, and the next one goes ahead."""
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 import pytest
 
@@ -15,14 +14,14 @@ from identity_server.typo_table import OverlayPack
 
 
 def _wait_for_pack(service: IdentityService) -> None:
-    if service._packing is not None:
-        service._packing.result(timeout=60)
+    if service.live._packing is not None:
+        service.live._packing.result(timeout=60)
 
 
 def test_a_failed_pack_keeps_the_overlay_serving_and_the_next_pack_goes_ahead(
     service: IdentityService, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    service.config = replace(service.config, typo_pack_at=1)
+    service.live.typo_pack_at = 1
     real_build = NameIndex.build_typo_pack
     failures = []
 
@@ -44,7 +43,7 @@ def test_a_failed_pack_keeps_the_overlay_serving_and_the_next_pack_goes_ahead(
     other = service.resolve("Vextral Autoencoder", "method")
     _wait_for_pack(service)
     assert service.index.typo_anchors() == (0, 2)  # the retry waits: no pack on every write
-    service._no_pack_before = 0.0  # as when PACK_RETRY_AFTER_S has passed
+    service.live._no_pack_before = 0.0  # as when PACK_RETRY_AFTER_S has passed
     service.resolve("Vextral Autoencoder", "method", context_id="paper-1")  # a write
     _wait_for_pack(service)
     assert service.index.typo_anchors() == (2, 0)
@@ -54,8 +53,8 @@ def test_a_failed_pack_keeps_the_overlay_serving_and_the_next_pack_goes_ahead(
 
 
 def test_close_waits_for_a_pack_in_flight(service: IdentityService) -> None:
-    service.config = replace(service.config, typo_pack_at=1)
+    service.live.typo_pack_at = 1
     service.resolve("Quorbex Transformer", "method")
     service.close()
-    assert service._packing is not None and service._packing.done()
+    assert service.live._packing is not None and service.live._packing.done()
     assert service.index.typo_anchors() == (1, 0)

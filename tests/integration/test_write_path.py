@@ -1,6 +1,5 @@
-"""The write path's shortcuts stay right: the index knows what changed since a generation,
-and the SQLite store's kept write connection survives failures. (A write reusing its lock-free
-decision: test_resolve_path.py.)"""
+"""The store's write path stays right: commit markers, the SQLite store's kept write connection
+through failures, waits and checkpoints. (The service's resolve path: test_resolve_path.py.)"""
 
 from __future__ import annotations
 
@@ -16,22 +15,10 @@ from pathlib import Path
 
 import pytest
 
-import identity_server.store.sql as sql_module
-from identity_server.domain import Entity, Name, NameKind, Status
+import identity_server.store.sqlite as sqlite_module
 from identity_server.errors import StoreUnavailable
-from identity_server.index import NameIndex
-from identity_server.store.sql import ChangeRecord, SqlStore, WouldBlock
+from identity_server.store import ChangeRecord, SqlStore, WouldBlock
 from identity_server.store.wal_index import own_commit_marker
-
-
-def test_index_generation_moves_on_put_and_discard() -> None:
-    index = NameIndex()
-    start = index.generation
-    index.put(Entity("Q1", "method", Status.CANONICAL, 1, names=(Name("Quorbex", NameKind.NAME, 0),)))
-    assert index.generation > start
-    before = index.generation
-    index.discard("Q1")
-    assert index.generation > before
 
 
 @contextmanager
@@ -61,7 +48,7 @@ def test_commit_state_is_the_marker_and_the_newest_sequence_together(
     another process, whether read from the mapped wal-index or asked of SQLite; reads move it
     not; it comes with the newest sequence number."""
     if not mapped:
-        monkeypatch.setattr(sql_module.WalIndexHeader, "open", lambda *_: None)
+        monkeypatch.setattr(sqlite_module.WalIndexHeader, "open", lambda *_: None)
     with _store(tmp_path) as (store, db):
         assert (store._wal_header is not None) is mapped
         before, last = store.commit_state()
@@ -324,7 +311,7 @@ def test_a_wal_checkpointed_while_writes_go_on_starts_over(
     Once the WAL is long, the writer copies the frames the checkpoint left right after its
     commit, and its next transaction starts the WAL over: it stays a few frames long. The
     control shows the check can fail."""
-    monkeypatch.setattr(sql_module, "RESTART_AT_FRAMES", restart_at)
+    monkeypatch.setattr(sqlite_module, "RESTART_AT_FRAMES", restart_at)
     commits = 150
     inside, done = threading.Event(), threading.Event()
     with _store(tmp_path, checkpoint_every_s=3600) as (store, db):  # checkpoints called below

@@ -40,7 +40,7 @@ from identity_server.service import (
     ResolveResult,
 )
 from identity_server.settings import Settings
-from identity_server.store.sql import ChangeRecord, LinkRow
+from identity_server.store import ChangeRecord, LinkRow
 from tests.unit.test_matching_oracle import perturb
 
 OTHER = "other"
@@ -876,7 +876,7 @@ def _check_a_restart_loads_what_each_service_holds(services: list[Service],
     `Entity.loaded`) holds every entity exactly as each running service's index does."""
     def entities(service: IdentityService) -> dict[str, Entity]:
         # Read as a request is: after the service has caught up with every commit.
-        return service._read(lambda tx: {e.entity_id: e for e in service.index.entities()})
+        return service.live.read(lambda tx: {e.entity_id: e for e in service.index.entities()})
 
     restarted = build_service(settings)
     try:

@@ -1,0 +1,243 @@
+"""The in-memory name index, kept current with the store.
+
+Built from the store at start, then caught up from the change feed before every decision, so a
+decision always sees every committed change from every server process. Writes run under the
+store's write lock and this process's lock (`write`); reads catch up without the store's lock;
+answers that only read the index run without any lock when nothing changed since it last caught
+up, optimistically (`answer`). New typo anchors are packed into the typo table in the
+background.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from identity_server.index import NameIndex
+from identity_server.store import SqlStore, Tx, WouldBlock
+from identity_server.unit import Unit
+
+logger = logging.getLogger(__name__)
+
+PACK_RETRY_AFTER_S = 60.0  # after a failed typo pack, the next waits this long
+T = TypeVar("T")
+
+
+class LiveIndex:
+    """The name index over one store, and the locks and feed position that keep it current."""
+
+    def __init__(self, store: SqlStore, *, typo_pack_at: int) -> None:
+        self.store = store
+        self.index = NameIndex()
+        self.seq = 0  # the change feed's position the index holds
+        self.lock = threading.RLock()
+        # Odd while a thread changes the index (always under the lock), so a reader that ran
+        # without the lock can tell whether what it read may be torn (see answer).
+        self._index_version = 0
+        self._settled_marker: bytes | None = None  # store.commit_marker() the index is current at
+        # Typo anchors filed since the last pack that start a background pack.
+        self.typo_pack_at = typo_pack_at
+        self._packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="typo-pack")
+        self._packing: Future[None] | None = None
+        self._no_pack_before = 0.0  # time.monotonic() before which no pack starts
+        self.load()
+
+    def load(self) -> None:
+        """Build the index from the store: the feed position first, then every entity, so
+        changes committed meanwhile are replayed by the next catch-up (reloads are idempotent)."""
+        collecting = gc.isenabled()
+        gc.disable()  # millions of long-lived objects: cyclic collections would re-walk them all
+        try:
+            with self.lock, self.changing(), self.store.read() as tx:
+                self._settled_marker = self.store.commit_marker()
+                self.seq = tx.max_seq()
+                self.index = NameIndex()
+                self.index.load(tx.iter_all_entities())
+                self.index.note_merged_placeholders(tx.merged_placeholder_pairs())
+        finally:
+            gc.freeze()  # the index lives as long as the process: keep it out of later collections
+            if collecting:
+                gc.enable()
+        logger.info("index built: %d entities, feed at %d", len(self.index), self.seq)
+
+    def catch_up(self, tx: Tx) -> None:
+        changes = tx.changes_after(self.seq)
+        if not changes:
+            return
+        ids: set[str] = set()
+        for c in changes:
+            ids.add(c.entity_id)
+            if c.other_id:
+                ids.add(c.other_id)
+            ids.update(c.detail.get("redirected", ()))
+        self.reload(tx, ids)
+        self.seq = changes[-1].seq
+        self.schedule_typo_pack()
+
+    def reload(self, tx: Tx, ids: Iterable[str]) -> None:
+        wanted = set(ids)
+        loaded = tx.load_entities(wanted)
+        for eid in wanted:
+            entity = loaded.get(eid)
+            if entity is None:
+                self.index.discard(eid)
+            else:
+                self.index.put(entity)
+        unpaired = self.index.merged_placeholders_unpaired(wanted)
+        if unpaired:  # merged away before this process saw them live
+            self.index.note_merged_placeholders(tx.merged_placeholder_pairs(unpaired))
+
+    @contextmanager
+    def changing(self) -> Iterator[None]:
+        """Mark the index as changing for the block (the caller holds _lock; never nested)."""
+        self._index_version += 1
+        try:
+            yield
+        finally:
+            self._index_version += 1
+
+    def write(self, work: Callable[[Unit], T], *, wait: bool = True) -> T:
+        """work in a write transaction, under the lock. The store's write lock is taken first,
+        so a write waiting for another process's holds no lock of this process: reads that
+        must catch up go on meanwhile (nothing takes the store's lock while holding _lock).
+        wait=False: WouldBlock, before anything is done, when either lock is taken."""
+        locked = False
+        unit: Unit | None = None
+        try:
+            with self.store.write(wait=wait) as tx:
+                if not self.lock.acquire(blocking=wait):
+                    raise WouldBlock("another thread of this process holds the index")
+                locked = True
+                self._index_version += 1  # changing: lock-free readers wait or retry
+                if not self.settled():
+                    self.catch_up(tx)
+                unit = Unit(tx, self.index, self.seq)
+                result = work(unit)
+                unit.flush()
+            self.seq = unit.seq
+            self._settle_after_own_commit(tx.commit_marker)
+            self.schedule_typo_pack()
+            return result
+        except BaseException:
+            if unit is not None and unit.touched:  # rolled back: the index forgets it too
+                with self.store.read() as tx:
+                    self.reload(tx, unit.touched)
+            raise
+        finally:
+            if locked:
+                self._index_version += 1
+                self.lock.release()
+
+    def schedule_typo_pack(self) -> None:
+        """Start packing the typo overlay in the background when enough anchors wait in it
+        (under _lock, so one pack at a time), keeping the index's memory near start-up's."""
+        if self._packing is not None and not self._packing.done():
+            return
+        if time.monotonic() < self._no_pack_before:
+            return
+        if self.index.typo_pack_due(self.typo_pack_at):
+            try:
+                self._packing = self._packer.submit(self._pack_typo_overlay)
+            except RuntimeError:  # closed: a straggling call must not fail after its commit
+                logger.debug("typo pack not started: the service is closed")
+
+    def _pack_typo_overlay(self) -> None:
+        """Move the typo overlay's anchors into the packed table: set the overlay aside and,
+        at the end, drop it under the lock (both quick); in between, merge it into the shards
+        without the lock (reads and writes go on; anchors filed meanwhile wait in a fresh
+        overlay for the next pack)."""
+        index = self.index
+        with self.lock, self.changing():
+            pack = index.begin_typo_pack()
+        try:
+            index.build_typo_pack(pack)
+        except Exception:  # a failed pack costs memory, never answers
+            logger.exception("packing the typo table failed; its overlay keeps serving, and the "
+                             "next pack waits %.0f s", PACK_RETRY_AFTER_S)
+            with self.lock, self.changing():
+                index.abandon_typo_pack(pack)
+                self._no_pack_before = time.monotonic() + PACK_RETRY_AFTER_S
+            return
+        with self.lock, self.changing():
+            installed = self.index is index and index.install_typo_pack(pack)
+        pack.release()
+        logger.info("typo table: %d anchors packed (%s)", len(pack.absorbed),
+                    "installed" if installed else "dropped: the index was rebuilt")
+
+    def read(self, work: Callable[[Tx], T]) -> T:
+        with self.lock, self.store.read() as tx:
+            with self.changing():
+                self.catch_up(tx)
+            return work(tx)
+
+    def settle(self) -> None:
+        """Bring the index up to the store's last commit (under _lock); no transaction when
+        nothing was committed since the last look, or only this process's own writes were."""
+        marker, last = self.store.commit_state()
+        if marker is not None and marker == self._settled_marker:
+            return
+        if last != self.seq:
+            with self.changing(), self.store.read() as tx:
+                self.catch_up(tx)
+        self._settled_marker = marker
+
+    def settled(self) -> bool:
+        """Whether the store reports no commit since the index was last known current."""
+        marker = self._settled_marker
+        return marker is not None and self.store.commit_marker() == marker
+
+    def _settle_after_own_commit(self, own: bytes | None) -> None:
+        """Mark the index settled at the commit just made when no other process committed
+        since, so the next lock-free read need not take the lock to find that out. `own`: the
+        store's marker as that commit left it, when the store could tell that nothing came
+        after it; else the marker is read before the newest sequence number, so it never
+        stands for more commits than the index holds."""
+        if own is not None:
+            self._settled_marker = own
+            return
+        marker, last = self.store.commit_state()
+        if marker is not None and last == self.seq:
+            self._settled_marker = marker
+
+    def answer(self, work: Callable[..., T], *args: Any) -> T:
+        """work(*args), which only reads the index, once the index holds every committed change.
+
+        Optimistic first: when no thread is changing the index and the store reports no commit
+        since the index last caught up, work runs without the lock, and its result stands if the
+        index version did not move meanwhile (a torn read, or one that failed because the index
+        changed under it, is retried). Otherwise, or then, under the lock.
+        """
+        result = self.answer_at_once(work, *args)
+        if result is not None:
+            return result
+        with self.lock:
+            self.settle()
+            return work(*args)
+
+    def answer_at_once(self, work: Callable[..., T], *args: Any) -> T | None:
+        """`answer`'s optimistic path alone: work(*args), or None when it needs the lock. (The
+        arguments passed, not a closure made: the event loop answers most Resolves here.)"""
+        version = self._index_version
+        if not version & 1 and self.settled():
+            try:
+                result = work(*args)
+            except Exception:
+                if self._index_version == version:
+                    raise
+            else:
+                if self._index_version == version:
+                    return result
+        return None
+
+    def close(self) -> None:
+        """Finish a typo pack in flight."""
+        self._packer.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["LiveIndex"]
