@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from identity_server.domain import (
     OTHER,
@@ -35,8 +35,7 @@ AUTHORITY_LISTED = frozenset((AUTHORITY, AUTHORITY_OVER_SURFACE))
 
 # -- resolving -----------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class ResolveWrites:
+class ResolveWrites(NamedTuple):
     """What resolving one mention writes (SPEC sections 2 and 3), and what its reply says."""
 
     match_kind: MatchKind

@@ -1,10 +1,13 @@
 """Where the server's work runs: on the asyncio event loop when it cannot wait, else on the
-blocking thread pool; and the service's resolves as coroutines (`AsyncResolver`)."""
+blocking thread pool; the service's resolves as coroutines (`AsyncResolver`), with the loop's
+group-commit window (`GroupWindow`)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
@@ -18,12 +21,69 @@ _END_SETTLE_S = 0.05  # how long the end of a request stream waits for news of a
 # Batches up to this many mentions are checked and parsed on the event loop; larger ones on a
 # thread, so that no call waits behind a large one.
 INLINE_BATCH_LIMIT = 200
+# The event loop's group-commit window (GroupWindow): how long a group waits for company, the
+# weight of the newest group in the running average of "calls arrived beside waiting writes",
+# and the level of that average from which groups wait; then the weight of the newest window in
+# the running average of the loop's working share of its windows, the level below which groups
+# stop waiting (the window would only idle the few callers that are the load), and how often a
+# probe window keeps that average current. Measured: docs/decisions.md, "Group commit".
+GATHER_S = 0.001
+COMPANY_WEIGHT = 0.1
+COMPANY_AT = 0.05
+BUSY_WEIGHT = 0.2
+BUSY_AT = 0.5
+PROBE_EVERY = 16
 
 
 async def on_pool(blocking: futures.Executor, work: Callable[..., T], *args: Any) -> T:
     """work(*args) on a blocking-pool thread, where it may wait (locks, the store)."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(blocking, functools.partial(work, *args))
+
+
+class GroupWindow:
+    """When a write submitted on the event loop is written: always in a later turn of the loop,
+    so calls begun in the same turn join its group, and after a GATHER_S window while calls have
+    lately been arriving beside waiting writes (concurrent callers) and the loop has lately had
+    other calls to serve in its windows, as PostgreSQL's commit_delay does when commit_siblings
+    are active. A lone caller, whose calls never overlap, never waits; nor do a few callers, who
+    would only wait in the window with nothing for the loop to do meanwhile."""
+
+    def __init__(self) -> None:
+        self._waiting = False  # a group waits to be written
+        self._accompanied = False  # a call arrived while it waited
+        self._company = 0.0  # running average over groups of _accompanied
+        self._busy = 1.0  # running average over windows of the loop's working share of them
+        self._unwaited = 0  # groups written without a window since the last window
+
+    def note_call(self) -> None:
+        """A call arrived (any that resolves): company for the group waiting, if any."""
+        if self._waiting:
+            self._accompanied = True
+
+    def defer(self, write_group: Callable[[], None]) -> None:
+        """Run write_group (the write queue's) in a later turn of the loop, or after a window."""
+        loop = asyncio.get_running_loop()
+        self._waiting = True
+        probe_due = self._unwaited + 1 >= PROBE_EVERY
+        if self._company >= COMPANY_AT and (self._busy >= BUSY_AT or probe_due):
+            loop.call_later(GATHER_S, self._end_window, write_group, time.thread_time(),
+                            time.perf_counter())
+        else:
+            self._unwaited += 1
+            loop.call_soon(self._write, write_group)
+
+    def _end_window(self, write_group: Callable[[], None], worked: float, began: float) -> None:
+        busy = (time.thread_time() - worked) / max(time.perf_counter() - began, 1e-9)
+        self._busy += BUSY_WEIGHT * (busy - self._busy)
+        self._unwaited = 0
+        self._write(write_group)
+
+    def _write(self, write_group: Callable[[], None]) -> None:
+        self._waiting = False
+        self._company += COMPANY_WEIGHT * (float(self._accompanied) - self._company)
+        self._accompanied = False
+        write_group()
 
 
 class AsyncResolver:
@@ -34,14 +94,17 @@ class AsyncResolver:
     def __init__(self, service: IdentityService, blocking: futures.Executor) -> None:
         self._service = service
         self._blocking = blocking
+        self._window = GroupWindow()
 
     async def resolve(self, mention: str, entity_type: str, *, context_id: str,
                       lookup_only: bool) -> BatchReply:
+        self._window.note_call()
         return await self._reply(self._service.prepare_one(
             mention, entity_type, context_id=context_id, lookup_only=lookup_only))
 
     async def resolve_batch(self, context_id: str, mentions: list[tuple[str, str]], *,
                             lookup_only: bool) -> BatchReply:
+        self._window.note_call()
         service = self._service
         if len(mentions) > INLINE_BATCH_LIMIT:
             return await on_pool(self._blocking, lambda: service.resolve_prepared(
@@ -50,14 +113,41 @@ class AsyncResolver:
             service.prepare_batch(context_id, mentions, lookup_only=lookup_only))
 
     async def _reply(self, batch: PreparedBatch) -> BatchReply:
-        outcome = self._service.start(batch, may_wait=False)
+        outcome = self._service.start(batch, may_wait=False, gather=self._window.defer)
         if outcome is None:  # the index must catch up first: under the lock, on a thread
             return await on_pool(self._blocking, self._service.resolve_prepared, batch)
         if isinstance(outcome, BatchReply):
             return outcome
         if outcome.done():  # written on the loop already
             return outcome.result()
-        return await asyncio.wrap_future(outcome)
+        return await _on_loop(outcome)
+
+
+async def _on_loop(future: futures.Future[T]) -> T:
+    """future's result, awaited on the event loop. Unlike asyncio.wrap_future, a result set on
+    the loop's own thread (a group written at the end of its window) reaches the waiter without
+    a wake-up through the loop's self-pipe; only one set on another thread takes that road."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[T] = loop.create_future()
+    loop_thread = threading.get_ident()
+
+    def copy(done: futures.Future[T]) -> None:
+        if waiter.done():  # the caller went away
+            return
+        error = done.exception()
+        if error is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(done.result())
+
+    def settle(done: futures.Future[T]) -> None:
+        if threading.get_ident() == loop_thread:
+            copy(done)
+        else:
+            loop.call_soon_threadsafe(copy, done)
+
+    future.add_done_callback(settle)
+    return await waiter
 
 
 class CallEnded(Exception):

@@ -7,6 +7,7 @@ turns its Decision into writes (a new entity, a surface form, a placeholder, lin
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
@@ -34,6 +35,15 @@ class Outcome(enum.Enum):
     NEW = "new"
 
 
+# Enum members the rules read for every candidate, bound to module names: on Python 3.11 reading
+# one off its class goes through EnumType's slow attribute path (benchmarks/RESULTS.md, rows
+# "3 core"; docs/decisions.md).
+_CONVERGED, _AMBIGUOUS, _WEAK = Outcome.CONVERGED, Outcome.AMBIGUOUS, Outcome.WEAK
+_CANONICAL, _MERGED = Status.CANONICAL, Status.MERGED
+_ALIAS, _SURFACE = NameKind.ALIAS, NameKind.SURFACE
+_EXACT, _CASE, _PUNCTUATION, _TYPO = Rule.EXACT, Rule.CASE, Rule.PUNCTUATION, Rule.TYPO
+
+
 class IndexView(Protocol):
     """What the rules need from an index: lookups by key (which serve rules 1 to 3: equal
     display forms and equal casefolded forms have equal keys) and by typo variants."""
@@ -59,15 +69,15 @@ class Decision(NamedTuple):
 
     @property
     def winner(self) -> Candidate | None:
-        return self.best[0] if self.outcome is Outcome.CONVERGED else None
+        return self.best[0] if self.outcome is _CONVERGED else None
 
     @property
     def match_kind(self) -> MatchKind:
         outcome = self.outcome
-        if outcome is not Outcome.CONVERGED:
-            return MatchKind.AMBIGUOUS if outcome is Outcome.AMBIGUOUS else MatchKind.NEW
+        if outcome is not _CONVERGED:
+            return MatchKind.AMBIGUOUS if outcome is _AMBIGUOUS else MatchKind.NEW
         assert self.rule is not None
-        if self.rule is not Rule.TYPO and self.best[0].alias_only:
+        if self.rule is not _TYPO and self.best[0].alias_only:
             return MatchKind.ALIAS
         return _KIND_OF_RULE[self.rule]
 
@@ -75,13 +85,17 @@ class Decision(NamedTuple):
 _KIND_OF_RULE = {Rule.EXACT: MatchKind.EXACT, Rule.CASE: MatchKind.CASE,
                  Rule.PUNCTUATION: MatchKind.PUNCTUATION, Rule.TYPO: MatchKind.TYPO}
 NEW_DECISION = Decision(Outcome.NEW, None, (), ())
+# Every decide() makes a Decision and a Candidate or more: built by tuple.__new__ from all their
+# fields, in order, without the NamedTuple's generated __new__ (a Python frame each; rows "3 core").
+_new_candidate = functools.partial(tuple.__new__, Candidate)
+_new_decision = functools.partial(tuple.__new__, Decision)
 
 
 def rank(entity: Entity, mention_type: str) -> tuple[int, int]:
     """(1) same type (both `other` counts) before a match through `other`; (2) canonical first."""
     return (
         0 if entity.entity_type == mention_type else 1,
-        0 if entity.status is Status.CANONICAL else 1,
+        0 if entity.status is _CANONICAL else 1,
     )
 
 
@@ -98,20 +112,20 @@ def decide(index: IndexView, display: str, mention_type: str, k: str | None = No
         index, same_key, mention_type, lambda e: e.with_display(display)
     )
     if found:
-        return _decided(Rule.EXACT, found, mention_type)
+        return _decided(_EXACT, found, mention_type)
     folded = fold(display)
     found = _candidates(
         index, same_key, mention_type, lambda e: e.with_folded(folded)
     )
     if found:
-        return _decided(Rule.CASE, found, mention_type)
+        return _decided(_CASE, found, mention_type)
     found = _candidates(
         index, same_key, mention_type, lambda e: [n for n in e.names if n.key == k]
     )
     if found:
         if len(k) >= MIN_PUNCTUATION_KEY:
-            return _decided(Rule.PUNCTUATION, found, mention_type)
-        return _weak(Rule.PUNCTUATION, found, mention_type)
+            return _decided(_PUNCTUATION, found, mention_type)
+        return _weak(_PUNCTUATION, found, mention_type)
     return _typo(index, k, mention_type)
 
 
@@ -163,7 +177,7 @@ def _typo(index: IndexView, k: str, mention_type: str) -> Decision:
             lambda e, b=bucket: _anchors_with_keys(e, b[e.entity_id]),  # type: ignore[misc]
         )
         if found:
-            return decided(Rule.TYPO, found, mention_type)
+            return decided(_TYPO, found, mention_type)
     return NEW_DECISION
 
 
@@ -172,7 +186,7 @@ def _anchors_with_keys(e: Entity, keys: set[str]) -> list[Name]:
     surface forms come last in `names`, and a much-mentioned entity has thousands: stop there."""
     found = []
     for n in e.names:
-        if n.kind is NameKind.SURFACE:
+        if n.kind is _SURFACE:
             break
         if n.key in keys:
             found.append(n)
@@ -189,14 +203,14 @@ def _candidates(
     out: list[Candidate] = []
     for eid in ids:
         entity = index.get(eid)
-        if entity is None or entity.status is Status.MERGED or not compatible(entity, mention_type):
+        if entity is None or entity.status is _MERGED or not compatible(entity, mention_type):
             continue
         matched = matching(entity)  # entity.names is already in matched_name order
         if not matched:
             continue
-        alias_only = (matched[0].kind is NameKind.ALIAS if len(matched) == 1
-                      else all(n.kind is NameKind.ALIAS for n in matched))
-        out.append(Candidate(entity, matched[0].display, alias_only))
+        alias_only = (matched[0].kind is _ALIAS if len(matched) == 1
+                      else all(n.kind is _ALIAS for n in matched))
+        out.append(_new_candidate((entity, matched[0].display, alias_only)))
     if len(out) > 1:
         out.sort(key=lambda c: (rank(c.entity, mention_type), c.entity.ordinal))
     return out
@@ -211,12 +225,12 @@ def _best(found: list[Candidate], mention_type: str) -> tuple[Candidate, ...]:
 
 def _decided(rule: Rule, found: list[Candidate], mention_type: str) -> Decision:
     best = _best(found, mention_type)
-    outcome = Outcome.CONVERGED if len(best) == 1 else Outcome.AMBIGUOUS
-    return Decision(outcome, rule, tuple(found), best)
+    outcome = _CONVERGED if len(best) == 1 else _AMBIGUOUS
+    return _new_decision((outcome, rule, tuple(found), best))
 
 
 def _weak(rule: Rule, found: list[Candidate], mention_type: str) -> Decision:
-    return Decision(Outcome.WEAK, rule, tuple(found), _best(found, mention_type))
+    return _new_decision((_WEAK, rule, tuple(found), _best(found, mention_type)))
 
 
 __all__ = [

@@ -82,18 +82,16 @@ class ItemError:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class BatchReply:
+class BatchReply(NamedTuple):
     """A ResolveBatch's results, and whether they are an identical earlier request's, replayed."""
 
     results: list[ResolveResult | ItemError]
     replayed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedBatch:
-    """A ResolveBatch checked and parsed (an invalid mention is its item's error), ready for
-    `resolve_prepared`: parsing is not repeated when the write is retried elsewhere."""
+class PreparedBatch(NamedTuple):
+    """A request checked and parsed (an invalid mention is its item's error), ready for
+    `start`; what the write queue writes."""
 
     context_id: str
     parsed: list[Mention | ItemError]
@@ -126,18 +124,10 @@ class ImportReport:
     errors: tuple[RecordError, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class _Unchanged:
+class _Unchanged(NamedTuple):
     """A lock-free look's answer: the results, or None when the request must write."""
 
     results: list[ResolveResult | ItemError] | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Job:
-    """A request on the write queue."""
-
-    batch: PreparedBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +152,7 @@ class IdentityService:
         self.store = store
         self.config = config
         self.core = core or selected()  # the per-mention hot loop (see identity_server.core)
-        self.writes: WriteQueue[_Job, BatchReply] = WriteQueue(self._write_group)
+        self.writes: WriteQueue[PreparedBatch, BatchReply] = WriteQueue(self._write_group)
         self._known_papers: dict[str, set[str]] = {}  # papers counted for promotion, by entity
         self._batches_written = 0
         warm_up()
@@ -307,18 +297,20 @@ class IdentityService:
                         if context_id and not lookup_only else None)
         return PreparedBatch(context_id, parsed, request_hash, lookup_only)
 
-    def start(self, batch: PreparedBatch, *,
-              may_wait: bool) -> BatchReply | Future[BatchReply] | None:
+    def start(self, batch: PreparedBatch, *, may_wait: bool,
+              gather: Callable[[Callable[[], None]], object] | None = None,
+              ) -> BatchReply | Future[BatchReply] | None:
         """The reply, when the index gives it without writing; else the future of the write
         queue's reply. may_wait=False (the event loop): nothing here waits for a lock, and None
-        says the request needs a thread that may (the index is changing or behind the store)."""
+        says the request needs a thread that may (the index is changing or behind the store).
+        `gather`: the write queue's group-commit window (see WriteQueue.submit)."""
         if batch.lookup_only:
             looked = self.live.answer_at_once(self._look_all, batch.parsed)
             if looked is not None:
                 return looked
             return self.live.answer(self._look_all, batch.parsed) if may_wait else None
         if batch.context_id:  # evidence is recorded: always a write
-            return self.writes.submit(_Job(batch), may_wait=may_wait)
+            return self.writes.submit(batch, may_wait=may_wait, gather=gather)
         unchanged = self.live.answer_at_once(self._unchanged, batch.parsed)
         if unchanged is None:  # the index is changing or behind the store
             if not may_wait:
@@ -328,7 +320,7 @@ class IdentityService:
             unchanged = self.live.answer(self._unchanged, batch.parsed)
         if unchanged.results is not None:
             return BatchReply(unchanged.results)
-        return self.writes.submit(_Job(batch), may_wait=may_wait)
+        return self.writes.submit(batch, may_wait=may_wait, gather=gather)
 
     def _look_all(self, parsed: Sequence[Mention | ItemError]) -> BatchReply:
         return BatchReply([p if isinstance(p, ItemError) else self._look(p) for p in parsed])
@@ -348,12 +340,12 @@ class IdentityService:
                                    d.winner.matched_name, m))
         return _Unchanged(results)
 
-    def _write_group(self, jobs: Sequence[_Job], *, wait: bool = True) -> list[BatchReply]:
+    def _write_group(self, batches: Sequence[PreparedBatch], *,
+                     wait: bool = True) -> list[BatchReply]:
         """The write queue's group: every job in order, in one transaction."""
-        return self._write(lambda u: [self._write_batch(u, job) for job in jobs], wait=wait)
+        return self._write(lambda u: [self._write_batch(u, b) for b in batches], wait=wait)
 
-    def _write_batch(self, u: Unit, job: _Job) -> BatchReply:
-        batch = job.batch
+    def _write_batch(self, u: Unit, batch: PreparedBatch) -> BatchReply:
         oldest_kept = u.now - self.config.batch_reply_ttl_seconds
         if batch.request_hash is not None:
             stored = u.tx.batch_reply(batch.request_hash, not_before=oldest_kept)

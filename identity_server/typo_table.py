@@ -229,7 +229,7 @@ class DeletionVariantTable:
 
     def holds(self, k: str) -> bool:
         """Whether anchor key k is filed (each key is filed under itself, so one probe tells)."""
-        hashed = variant_hash(k)
+        hashed = variant_hashes(k)[0]  # the core's loop: k's own hash comes first
         for overlay in (self._overlay, self._packing):
             if k in multimap.values(overlay, hashed):
                 return True

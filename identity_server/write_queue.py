@@ -1,5 +1,6 @@
-"""The one write queue: jobs submitted while a group is being written form the next group, and
-each group is written in one transaction (group commit).
+"""The one write queue: jobs submitted while a group is being written, or while a group-commit
+window is open, form the next group, and each group is written in one transaction (group
+commit).
 
 Every writing resolve goes through here, from the gRPC server's event loop and from in-process
 callers on threads alike. A submitter that finds nobody writing writes the group itself at once:
@@ -38,15 +39,22 @@ class WriteQueue(Generic[J, R]):
         self._writing = False  # a group is being written (by a submitter or the writer thread)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="identity-writer")
 
-    def submit(self, job: J, *, may_wait: bool = True) -> Future[R]:
+    def submit(self, job: J, *, may_wait: bool = True,
+               gather: Callable[[Callable[[], None]], object] | None = None) -> Future[R]:
         """Queue job; its future holds its result once its group is committed. `may_wait`:
-        False on the event loop (never waits: a blocked group goes to the writer thread)."""
+        False on the event loop (never waits: a blocked group goes to the writer thread).
+        `gather`: on the event loop, a way to run a callback a little later (a group-commit
+        window): a job that finds the queue idle is then written by that callback, with the
+        jobs submitted meanwhile, instead of at once."""
         future: Future[R] = Future()
         with self._lock:
             self._queued.append((job, future))
             if self._writing:
                 return future  # joins the next group
             self._writing = True
+        if gather is not None:
+            gather(self._write_gathered)
+            return future
         try:
             self._write_queued(wait=may_wait)
         except WouldBlock:
@@ -57,6 +65,15 @@ class WriteQueue(Generic[J, R]):
             raise
         self._pass_on()
         return future
+
+    def _write_gathered(self) -> None:
+        """The end of a group-commit window, on the event loop: the group, as a loop write."""
+        try:
+            self._write_queued(wait=False)
+        except WouldBlock:
+            self._hand_to_writer()
+            return
+        self._pass_on()
 
     def close(self) -> None:
         """Finish what is queued, then stop the writer thread."""

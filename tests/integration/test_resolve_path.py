@@ -14,7 +14,7 @@ import pytest
 
 from identity_server.domain import MatchKind
 from identity_server.matching import Decision, IndexView
-from identity_server.service import IdentityService, Mention, PreparedBatch, _Job
+from identity_server.service import IdentityService, Mention, PreparedBatch
 from identity_server.store import WouldBlock
 
 
@@ -61,9 +61,9 @@ def test_a_group_decides_each_mention_after_the_writes_ahead_of_it(
 ) -> None:
     """In a group of writes, "Quorbex Latice" looked before "Quorbex Lattice" existed (NEW);
     the group made that entity first, so the typo finds it instead of making a second one."""
-    jobs = [_Job(_one(service, text)) for text in (
+    jobs = [_one(service, text) for text in (
         "Quorbex Lattice", "Vextral Autoencoder", "Quorbex Latice", "Zintrop Mesh")]
-    assert service._unchanged(jobs[2].batch.parsed).results is None  # NEW when looked at
+    assert service._unchanged(jobs[2].parsed).results is None  # NEW when looked at
     first, unrelated, typo, last = (r.results[0] for r in service._write_group(jobs))
     assert (typo.entity_id, typo.match_kind, typo.created) == (  # type: ignore[union-attr]
         first.entity_id, MatchKind.TYPO, False)  # type: ignore[union-attr]
@@ -108,7 +108,7 @@ def test_a_service_write_that_must_not_wait_leaves_no_trace(service: IdentitySer
     holder.start()
     assert held.wait(10)
     with pytest.raises(WouldBlock):
-        service._write_group([_Job(batch)], wait=False)
+        service._write_group([batch], wait=False)
     outcome = service.start(batch, may_wait=False)  # returns at once, the write pending
     assert isinstance(outcome, Future) and not outcome.done()
     release.set()

@@ -4,7 +4,7 @@ submitter that may not wait never waits, and a cancelled job is never written.""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 import pytest
@@ -106,3 +106,16 @@ def test_after_close_a_job_fails_instead_of_waiting_forever() -> None:
     future = queue.submit("late", may_wait=False)
     with pytest.raises(RuntimeError, match="closed"):
         future.result(timeout=10)
+
+
+def test_jobs_submitted_during_a_gather_window_are_written_as_one_group() -> None:
+    recorder = Recorder()
+    queue: WriteQueue[str, str] = WriteQueue(recorder)
+    windows: list[Callable[[], None]] = []
+    first = queue.submit("a", may_wait=False, gather=windows.append)
+    more = [queue.submit(name, may_wait=False, gather=windows.append) for name in ("b", "c")]
+    assert len(windows) == 1 and not first.done()  # one window, opened by the first job
+    windows[0]()  # the window ends
+    assert [f.result(timeout=0) for f in (first, *more)] == ["done a", "done b", "done c"]
+    assert recorder.groups == [["a", "b", "c"]]
+    queue.close()
