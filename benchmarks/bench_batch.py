@@ -21,7 +21,7 @@ from benchmarks.common import LoadResult, Row, cpu_medians, drive, fmt_rate, med
 from benchmarks.data import Stored, mention_mix, mention_mix_of
 from benchmarks.grpc_load import Client, batch_requests
 from benchmarks.writes import Rows
-from identity_server.store import SqlStore, Tx
+from identity_server.store import Tx, open_store
 
 MIX = {"exact": 0.40, "case": 0.10, "punctuation": 0.10, "alias": 0.10, "typo": 0.15,
        "new": 0.15}
@@ -119,7 +119,7 @@ def store_floor(db: Path, pool: Sequence[Stored], *, n_entities: int, size: int,
     (same statements and connection settings) in one transaction per request, from one thread
     with no gRPC and no matching. Its items/s against the echo batch's is the most any matching
     code on this store could reach."""
-    store = SqlStore(f"sqlite:///{db}")
+    store = open_store(f"sqlite:///{db}")
     try:
         with store.read() as tx:
             seq = tx.max_seq() + 1

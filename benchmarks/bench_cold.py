@@ -4,9 +4,9 @@ A served call's handler runs after the gRPC stack, the kernel's networking and (
 machine) the load generator have had the core: the handler's code and data have left the
 core's private caches. A loop that resolves back to back in-process keeps them warm, and so
 understates what a served call costs by several times. Here one child process over a copy of
-the goal's store times the Resolve handler's work per call (`begin_resolve`; writes grouped two
-to a transaction, as the server's group writer makes them at 16 callers; the reply built and
-serialized), warm and with the caches swept (SWEEP_L2S times the core's L2 cache read between
+the goal's store times the Resolve handler's work per call (the service's public resolve path,
+`prepare_one` and `start`; each write its own transaction, as a lone caller's; the reply built
+and serialized), warm and with the caches swept (SWEEP_L2S times the core's L2 cache read between
 calls, not timed), for the goal-2 mix and for a read (an exact name), a first-seen form (a case
 variant, which records a surface form) and a new name alone. The echo's handler (its canned
 reply built and serialized) is timed the same way. Figures are net of the timer's own cost,

@@ -1,9 +1,10 @@
 """Generated data for the benchmarks: identity stores of N entities, mention mixes, papers.
 
-Stores are written straight into SQLite with bulk SQL (the tables of
-identity_server/store/schema.py, holding exactly what the loader reads), so a million entities
-take seconds (importing them through the service would take minutes). Built stores are cached
-under `<out>/stores/`, keyed by size and seed; benchmarks that write use a copy.
+Stores are written through the store's own interface (`identity_server.store`: a write
+transaction's `insert_entities` and `put_names_of`, a large part at a time), holding exactly what
+the server loads, so a million entities take seconds (importing them through the service, with
+its change feed and import merges, would take minutes). Built stores are cached under
+`<out>/stores/`, keyed by size and seed; benchmarks that write use a copy.
 """
 
 from __future__ import annotations
@@ -12,13 +13,10 @@ import json
 import logging
 import random
 import shutil
-import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from sqlalchemy import create_engine
 
 from benchmarks.names import (
     NameRecord,
@@ -28,7 +26,8 @@ from benchmarks.names import (
     punctuation_variant,
     typo_variant,
 )
-from identity_server.store import schema
+from identity_server.domain import Entity, NameKind, NameRow, Status
+from identity_server.store import open_store
 
 logger = logging.getLogger(__name__)
 
@@ -54,37 +53,32 @@ def build_store(out: Path, n: int, seed: int = SEED) -> Path:
     tmp = path.with_suffix(".building")
     tmp.unlink(missing_ok=True)
     started = time.perf_counter()
-    engine = create_engine(f"sqlite:///{tmp}")
-    schema.metadata.create_all(engine)
-    engine.dispose()
-    con = sqlite3.connect(tmp)
-    con.execute("PRAGMA journal_mode=OFF")
-    con.execute("PRAGMA synchronous=OFF")
-    con.execute("PRAGMA cache_size=-262144")
-    now = time.time()
-    ents: list[tuple[object, ...]] = []
-    rows: list[tuple[object, ...]] = []
+    store = open_store(f"sqlite:///{tmp}")
+    try:
+        now = time.time()
+        entities: list[Entity] = []
+        rows: list[tuple[str, NameRow]] = []
 
-    def flush() -> None:
-        con.executemany("INSERT INTO entities (entity_id, ordinal, entity_type, status, "
-                        "placeholder, redirect_to, created_at) "
-                        "VALUES (?, ?, ?, 'canonical', 0, NULL, ?)", ents)
-        con.executemany("INSERT INTO names (entity_id, display, kind, position, source) "
-                        "VALUES (?, ?, ?, ?, 'authority')", rows)
-        ents.clear()
-        rows.clear()
+        def flush() -> None:
+            with store.write() as tx:
+                tx.insert_entities(entities, now=now)
+                tx.put_names_of(rows)
+            entities.clear()
+            rows.clear()
 
-    for i, rec in enumerate(names(n, seed=seed), start=1):
-        eid = entity_id(i)
-        ents.append((eid, i, rec.entity_type, now))
-        rows.append((eid, rec.display, "name", 0))
-        if rec.alias is not None:
-            rows.append((eid, rec.alias, "alias", 1))
-        if len(ents) >= CHUNK:
-            flush()
-    flush()
-    con.commit()
-    con.close()
+        for i, rec in enumerate(names(n, seed=seed), start=1):
+            eid = entity_id(i)
+            entities.append(Entity(eid, rec.entity_type, Status.CANONICAL, i))
+            rows.append((eid, NameRow(rec.display, NameKind.NAME.value, 0, "authority")))
+            if rec.alias is not None:
+                rows.append((eid, NameRow(rec.alias, NameKind.ALIAS.value, 1, "authority")))
+            if len(entities) >= CHUNK:
+                flush()
+        flush()
+    finally:
+        store.close()
+    if Path(f"{tmp}-wal").exists():  # the last connection's close checkpoints and removes it
+        raise RuntimeError(f"{tmp}: the store left its WAL behind; not cached")
     tmp.rename(path)
     logger.info("built store of %d entities in %.1f s: %s", n, time.perf_counter() - started, path)
     return path
@@ -112,24 +106,17 @@ def sample_entities(db: Path, n_entities: int, k: int, *, seed: int) -> list[Sto
     """k distinct random entities of the store (by ordinal), with their name and alias."""
     rng = random.Random(f"sample-{seed}-{k}")
     ordinals = rng.sample(range(1, n_entities + 1), min(k, n_entities))
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    out: list[Stored] = []
+    store = open_store(f"sqlite:///{db}")
     try:
-        for start in range(0, len(ordinals), 900):
-            chunk = ordinals[start:start + 900]
-            marks = ",".join("?" * len(chunk))
-            got: dict[str, dict[str, str]] = {}
-            types: dict[str, str] = {}
-            for eid, etype, display, kind in con.execute(
-                    f"SELECT e.entity_id, e.entity_type, n.display, n.kind FROM entities e "
-                    f"JOIN names n ON n.entity_id = e.entity_id WHERE e.ordinal IN ({marks})",
-                    chunk):
-                got.setdefault(eid, {})[kind] = display
-                types[eid] = etype
-            for eid in sorted(got, key=lambda e: chunk.index(int(e[1:]))):
-                out.append(Stored(eid, types[eid], got[eid]["name"], got[eid].get("alias")))
+        with store.read() as tx:
+            found = tx.load_entities(entity_id(i) for i in ordinals)
     finally:
-        con.close()
+        store.close()
+    out: list[Stored] = []
+    for i in ordinals:
+        e = found[entity_id(i)]
+        alias = next((n.display for n in e.names if n.kind is NameKind.ALIAS), None)
+        out.append(Stored(e.entity_id, e.entity_type, e.name, alias))
     return out
 
 

@@ -36,7 +36,7 @@ from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 from benchmarks.writes import Rows
 from identity_server.server import GRPC_OPTIONS
 from identity_server.settings import Settings
-from identity_server.store import SqlStore
+from identity_server.store import open_store
 
 _BUSY_S = 0.0  # --busy-us: pure-Python work per mention before the canned reply
 
@@ -45,7 +45,7 @@ class StoreWrites:
     """Goal 2's store floor: the rows each listed mention writes, stored on its first Resolve."""
 
     def __init__(self, db: Path, listed: Path) -> None:
-        self.store = SqlStore(f"sqlite:///{db}")
+        self.store = open_store(f"sqlite:///{db}")
         with self.store.read() as tx:
             seq = tx.max_seq() + 1
             ordinal = int(tx.conn.exec_driver_sql(
