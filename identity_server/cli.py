@@ -41,7 +41,7 @@ from identity_server.errors import IdentityError, InvalidArgument, StartupError
 from identity_server.settings import Settings, describe_settings_error, unknown_environment
 
 if TYPE_CHECKING:
-    from identity_server.service import ImportReport
+    from identity_server.importing import ImportReport
 
 logger = logging.getLogger("identity_server")
 

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 from identity_server import json_text, lifecycle
-from identity_server.authority import AuthorityRecord, Line, RecordError, parse_authority
+from identity_server.authority import Line
+from identity_server.checks import (
+    MAX_ACTOR_LENGTH,
+    MAX_REASON_LENGTH,
+    check_type_length,
+    checked_entity_id,
+    checked_id,
+    is_unicode,
+)
 from identity_server.core import Core, selected
 from identity_server.domain import (
     Entity,
@@ -25,17 +33,14 @@ from identity_server.domain import (
     NameKind,
     Status,
     TypeVocabulary,
-    is_provisional_id,
-    types_compatible,
 )
 from identity_server.errors import (
     BatchTooLarge,
     EntityNotFound,
     FailedPrecondition,
-    IdentityError,
     InvalidArgument,
-    StoreUnavailable,
 )
+from identity_server.importing import AuthorityImport, ImportReport
 from identity_server.index import NameIndex, anchor_keys
 from identity_server.lifecycle import CURATOR
 from identity_server.live_index import LiveIndex
@@ -49,14 +54,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-IMPORT_CHUNK = 1000
-# An import collects its merge targets again after merging, in case a change landed meanwhile;
-# so many passes at most (each needs a change landing during the one before).
-MAX_IMPORT_MERGE_PASSES = 16
-MAX_ID_LENGTH = 512  # entity ids and context (paper) ids
-MAX_TYPE_LENGTH = 128  # a mention's type as given (kept with the evidence)
-MAX_ACTOR_LENGTH = 512
-MAX_REASON_LENGTH = 4096
 
 
 class ResolveResult(NamedTuple):
@@ -114,16 +111,6 @@ class EntityView:
     surface_form_count: int  # all of them, however many are listed
 
 
-@dataclass(frozen=True, slots=True)
-class ImportReport:
-    imported: int = 0
-    created: int = 0
-    updated: int = 0
-    merged: int = 0
-    linked: int = 0
-    errors: tuple[RecordError, ...] = ()
-
-
 class _Unchanged(NamedTuple):
     """A lock-free look's answer: the results, or None when the request must write."""
 
@@ -179,9 +166,6 @@ class IdentityService:
             self._known_papers.clear()  # counted papers may have been rolled back
             raise
 
-
-    # -- start-up and catching up ----------------------------------------------------------------
-
     def _link_placeholders_to_later_candidates(self, u: Unit) -> None:
         """SPEC: a placeholder is linked to every best-ranked candidate of its pair, 'including
         candidates that appear later'. An entity this unit gave a name, a type or a status may be
@@ -225,7 +209,7 @@ class IdentityService:
     # -- checking input --------------------------------------------------------------------------
 
     def parse_mention(self, mention: str, entity_type: str) -> Mention:
-        _check_type_length(entity_type)
+        check_type_length(entity_type)
         display, k = self.core.normalize(mention)
         if not display:
             raise InvalidArgument("mention is empty (nothing left after normalisation)")
@@ -236,12 +220,12 @@ class IdentityService:
             )
         if not k:
             raise InvalidArgument(f"mention {display!r} has no letters, digits or symbols")
-        if not display.isascii() and not _is_unicode(display):  # ASCII: no call, hot path
+        if not display.isascii() and not is_unicode(display):  # ASCII: no call, hot path
             raise InvalidArgument("mention contains a lone surrogate: not valid Unicode")
         return Mention(display, self.config.vocabulary.for_mention(entity_type), entity_type, k)
 
     def _live(self, entity_id: str) -> Entity:
-        entity = self.index.live(_checked_entity_id(entity_id))
+        entity = self.index.live(checked_entity_id(entity_id))
         if entity is None:
             raise EntityNotFound(f"no entity with id {entity_id!r}")
         return entity
@@ -276,7 +260,7 @@ class IdentityService:
     def prepare_one(self, mention: str, entity_type: str, *, context_id: str = "",
                     lookup_only: bool = False) -> PreparedBatch:
         """A Resolve checked and parsed, as a batch of one (no stored reply)."""
-        _checked_id(context_id, "context id")
+        checked_id(context_id, "context id")
         return PreparedBatch(context_id, [self.parse_mention(mention, entity_type)], None,
                              lookup_only)
 
@@ -284,7 +268,7 @@ class IdentityService:
                       lookup_only: bool = False) -> PreparedBatch:
         """Check a batch and parse its mentions (no lock, no store): a bad context id or size
         fails the whole batch, a bad mention only its own item."""
-        _checked_id(context_id, "context id")
+        checked_id(context_id, "context id")
         if len(mentions) > self.config.max_batch_size:
             raise BatchTooLarge(len(mentions), self.config.max_batch_size)
         parsed: list[Mention | ItemError] = []
@@ -438,7 +422,7 @@ class IdentityService:
         """One entity; with `max_surface_forms`, a page of its surface forms only (a
         much-mentioned entity has thousands, which a caller rarely wants all of)."""
         forms = _forms_page(max_surface_forms, surface_forms_offset)
-        _checked_entity_id(entity_id)
+        checked_entity_id(entity_id)
 
         def work(tx: Tx) -> EntityView:
             entity = self.index.get(entity_id)
@@ -582,180 +566,9 @@ class IdentityService:
     def import_lines(self, lines: Iterable[Line], fmt: str | None = None, *,
                      progress: Callable[[int], object] | None = None) -> ImportReport:
         """Import an authority file's lines; bad records are refused with their line numbers.
-
         `progress` is called with the number of records handled after each transaction."""
-        errors: list[RecordError] = []
-        counts = {"imported": 0, "created": 0, "updated": 0, "merged": 0, "linked": 0}
-        # Each key the import brought -> the records bringing it (a tuple: mostly one, and an
-        # import of millions of records holds millions of keys).
-        keys: dict[str, tuple[str, ...]] = {}
-        chunk: list[AuthorityRecord] = []
-
-        def flush() -> None:
-            if chunk:
-                self._write(lambda u: self._import_chunk(u, list(chunk), counts, keys, errors))
-                if progress is not None:
-                    progress(len(chunk))
-                chunk.clear()
-
-        try:
-            for item in parse_authority(lines, fmt):
-                if isinstance(item, RecordError):
-                    errors.append(item)
-                    continue
-                chunk.append(item)
-                if len(chunk) >= IMPORT_CHUNK:
-                    flush()
-            flush()
-        except StoreUnavailable:
-            raise
-        except Exception as e:
-            # The input broke off (bad bytes, a cancelled stream): the chunks committed before
-            # stay, so they get their import merges too, and the error says what was kept.
-            try:
-                self._merge_imported(keys, counts)
-            except Exception:
-                logger.exception("import merges after a failed import failed")
-            if isinstance(e, IdentityError) and not counts["imported"] and not errors:
-                raise  # refused before any record (a UTF-16 file): nothing to account for
-            if isinstance(e, IdentityError):
-                raise type(e)(
-                    f"{e}; {counts['imported']} records from before it were imported (with "
-                    "their merges) and the rest were not: import the corrected file again "
-                    "(records already imported are replaced, not duplicated)") from e
-            raise
-        self._merge_imported(keys, counts)
-        return ImportReport(errors=tuple(sorted(errors, key=lambda e: e.line)), **counts)
-
-    def _merge_imported(self, keys: dict[str, tuple[str, ...]], counts: dict[str, int]) -> None:
-        """The import merges, decided for each provisional entity over every key the import
-        brought, so that the outcome does not depend on the order of records or keys: one
-        compatible canonical target in all merges it, several link it to each. A key counts for
-        an entity only where a record of compatible type brought it: the records imported are
-        what a provisional entity is merged into, never a canonical entity that merely shares
-        a key with a record the entity could not converge on.
-
-        Targets are collected a part at a time (resolves go on between parts), then merged in
-        write transactions. A change that lands in between (a merge moving a spelling with one
-        of the keys onto another provisional entity) is caught by collecting again after the
-        merges, until a collection finds nothing not yet handled: the outcome is then the one
-        of that change made before the import."""
-        pending = list(keys)
-        handled: dict[str, frozenset[str]] = {}  # provisional id -> the targets it was given
-        linked: set[str] = set()
-        for _ in range(MAX_IMPORT_MERGE_PASSES):
-            targets: dict[str, set[str]] = {}
-            for i in range(0, len(pending), IMPORT_CHUNK):
-                with self.live.lock:  # a part at a time: resolves go on between parts
-                    self.live.settle()
-                    self._collect_import_targets(pending[i : i + IMPORT_CHUNK], keys, targets)
-            found = [pid for pid, t in targets.items() if handled.get(pid) != frozenset(t)]
-            if not found:
-                return
-            for i in range(0, len(found), IMPORT_CHUNK):
-                part = found[i : i + IMPORT_CHUNK]
-                self._write(lambda u, part=part, targets=targets: (  # type: ignore[misc]
-                    self._import_merges(u, part, targets, counts, linked)))
-            handled.update((pid, frozenset(targets[pid])) for pid in found)
-        logger.warning("import merges: changes kept landing while they were made; stopped "
-                       "after %d passes", MAX_IMPORT_MERGE_PASSES)
-
-    def _import_chunk(self, u: Unit, records: list[AuthorityRecord], counts: dict[str, int],
-                      keys: dict[str, tuple[str, ...]], errors: list[RecordError]) -> None:
-        new: dict[str, tuple[str, str, str, list[str]]] = {}
-        for rec in records:
-            try:
-                checked = self._check_record(rec)
-            except InvalidArgument as e:
-                errors.append(RecordError(rec.line, str(e)))
-                continue
-            entity_id, name, entity_type, aliases = checked
-            if entity_id in new:  # the same id twice in a chunk: create it, then re-import
-                u.create_canonicals(list(new.values()))
-                new.clear()
-            existing = self.index.get(entity_id)
-            if existing is not None:
-                u.reimport_canonical(existing, name, entity_type, aliases)
-                counts["updated"] += 1
-            else:
-                new[entity_id] = checked
-                counts["created"] += 1
-            counts["imported"] += 1
-            for spelling in (name, *aliases):  # rule 3 compares with every name of the record
-                k = key(spelling)
-                if len(k) >= 3:
-                    brought = keys.get(k, ())
-                    if entity_id not in brought:
-                        keys[k] = (*brought, entity_id)
-        u.create_canonicals(list(new.values()))
-
-    def _check_record(self, rec: AuthorityRecord) -> tuple[str, str, str, list[str]]:
-        entity_id = rec.entity_id.strip()
-        if not entity_id:
-            raise InvalidArgument("empty id")
-        _checked_id(entity_id)
-        if is_provisional_id(entity_id):
-            raise InvalidArgument(f"id {entity_id!r} looks like a provisional id")
-        existing = self.index.get(entity_id)
-        if existing is not None and existing.status is Status.MERGED:
-            raise InvalidArgument(f"id {entity_id!r} was merged into {existing.redirect_to}")
-        if existing is not None and existing.status is not Status.CANONICAL:
-            raise InvalidArgument(f"id {entity_id!r} belongs to a provisional entity")
-        _check_type_length(rec.entity_type)
-        entity_type = self.config.vocabulary.for_authority(rec.entity_type)
-        name = display_form(rec.name)
-        if not name:
-            raise InvalidArgument("empty name")
-        if not key(name):
-            raise InvalidArgument(f"name {name!r} has no letters, digits or symbols")
-        limit = self.config.max_mention_length
-        if len(name) > limit:
-            raise InvalidArgument(f"name is {len(name)} code points long; the limit is {limit}")
-        aliases = [a for a in (display_form(x) for x in rec.aliases) if a and key(a)]
-        for i, a in enumerate(aliases, start=1):
-            if len(a) > limit:
-                raise InvalidArgument(f"alias {i} ({a[:40]!r}...) is {len(a)} code points long; "
-                                      f"the limit is {limit}")
-        for what, text in (("id", entity_id), ("name", name), *(("an alias", a) for a in aliases)):
-            if not _is_unicode(text):  # a JSON \ud800 escape: no character at all
-                raise InvalidArgument(f"{what} contains a lone surrogate (a \\ud800-\\udfff "
-                                      "escape standing alone): not valid Unicode")
-        return entity_id, name, entity_type, aliases
-
-    def _collect_import_targets(self, keys: list[str], brought_by: dict[str, tuple[str, ...]],
-                                targets: dict[str, set[str]]) -> None:
-        """For each provisional, non-placeholder entity holding one of keys that a record of
-        compatible type brought, the canonical entities of compatible type holding it (rule 3:
-        every name compares); `brought_by`: each key's imported records."""
-        index = self.index
-        for k in keys:
-            entities = [e for e in (index.get(i) for i in index.with_key(k)) if e]
-            canonical = [e for e in entities if e.status is Status.CANONICAL]
-            imported = {e.entity_id for e in map(index.live, brought_by[k]) if e is not None}
-            for p in entities:
-                if p.status is Status.PROVISIONAL and not p.placeholder:
-                    found = {c.entity_id for c in canonical
-                             if types_compatible(c.entity_type, p.entity_type)}
-                    if not found.isdisjoint(imported):
-                        targets.setdefault(p.entity_id, set()).update(found)
-
-    def _import_merges(self, u: Unit, provisional: list[str], targets: dict[str, set[str]],
-                       counts: dict[str, int], linked_ids: set[str]) -> None:
-        """Merge each provisional entity into its one target, or link it to each of several;
-        what changed since the targets were collected (a merge, a promotion) is read again."""
-        entities = (self.index.get(pid) for pid in provisional)
-        for p in sorted((e for e in entities if e is not None), key=lambda e: e.ordinal):
-            pid = p.entity_id
-            found = lifecycle.import_merge_target(
-                p, (e for e in (self.index.live(t) for t in targets[pid]) if e))
-            if len(found) == 1 and not u.is_distinct(pid, found[0].entity_id):
-                u.merge(p, found[0], reason="import")
-                counts["merged"] += 1
-            elif len(found) > 1:
-                linked = [c for c in found if u.link(pid, c.entity_id)]
-                if linked and pid not in linked_ids:  # counted once, however many passes
-                    linked_ids.add(pid)
-                    counts["linked"] += 1
+        return AuthorityImport(self._write, self.live, self.config).run(lines, fmt,
+                                                                        progress=progress)
 
 
 def _forms_page(max_surface_forms: int | None, offset: int = 0) -> slice:
@@ -767,41 +580,6 @@ def _forms_page(max_surface_forms: int | None, offset: int = 0) -> slice:
     if offset < 0:
         raise InvalidArgument(f"surface_forms_offset is {offset}; it must be 0 or more")
     return slice(offset, None if max_surface_forms is None else offset + max_surface_forms)
-
-
-def _check_type_length(raw: str) -> None:
-    """A type as given is kept (with the evidence), so it is capped: a mention's and a record's."""
-    if len(raw) > MAX_TYPE_LENGTH:
-        raise InvalidArgument(f"type is {len(raw)} characters long; the limit is "
-                              f"{MAX_TYPE_LENGTH}")
-
-
-def _is_unicode(text: str) -> bool:
-    """Whether text is Unicode a UTF-8 store can hold: no lone surrogate (which JSON, or an
-    in-process caller, can give)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _checked_id(value: str, what: str = "id") -> str:
-    """An entity, record or context id as given; one longer than any can be is refused without
-    echoing it whole (a message that size would not fit in the reply's metadata)."""
-    if len(value) > MAX_ID_LENGTH:
-        raise InvalidArgument(f"{what} is {len(value)} characters long; the limit is "
-                              f"{MAX_ID_LENGTH} ({value[:40]!r}...)")
-    return value
-
-
-def _checked_entity_id(value: str) -> str:
-    """An entity id a caller named: `_checked_id`, and never empty (no entity has that id)."""
-    if not value:
-        raise InvalidArgument("entity id is empty")
-    return _checked_id(value)
 
 
 def _lost_names(before: Entity, after: Entity | None) -> bool:

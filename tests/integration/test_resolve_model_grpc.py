@@ -22,8 +22,9 @@ from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
 from identity_server.domain import MatchKind, Status
 from identity_server.errors import FailedPrecondition, InvalidArgument
+from identity_server.importing import ImportReport
 from identity_server.server import RunningServer, start_server
-from identity_server.service import EntityView, ImportReport, ItemError, ResolveResult
+from identity_server.service import EntityView, ItemError, ResolveResult
 from identity_server.settings import Settings
 from identity_server.store import ChangeRecord, LinkRow
 from tests.unit.test_resolve_model import run_against_the_model

@@ -15,6 +15,7 @@ import pytest
 
 from identity_server.domain import MatchKind, Status
 from identity_server.errors import EntityNotFound, FailedPrecondition, InvalidArgument
+from identity_server.importing import AuthorityImport
 from identity_server.server import build_service
 from identity_server.service import EntityView, IdentityService, ItemError, ResolveResult
 from identity_server.settings import Settings
@@ -1198,17 +1199,17 @@ def test_an_import_merges_what_a_merge_gave_a_key_while_it_collected_its_targets
     merge') would have refused the merge: a canonical entity into a provisional one."""
     p = new_id(service, "Sprocket Name", "tool")
     q = new_id(service, "Gadget Label", "tool")
-    collect = IdentityService._collect_import_targets
+    collect = AuthorityImport._collect_import_targets
     landed: list[str] = []
 
-    def collect_then_merge(self: IdentityService, keys: list[str],
+    def collect_then_merge(self: AuthorityImport, keys: list[str],
                            brought_by: dict[str, tuple[str, ...]],
                            targets: dict[str, set[str]]) -> None:
         collect(self, keys, brought_by, targets)
         if not landed:  # between the import's collection and its merges
-            landed.append(self.merge(p, q).entity_id)
+            landed.append(service.merge(p, q).entity_id)
 
-    monkeypatch.setattr(IdentityService, "_collect_import_targets", collect_then_merge)
+    monkeypatch.setattr(AuthorityImport, "_collect_import_targets", collect_then_merge)
     report = service.import_lines([rec("S1", "Sprocket Name", "tool")])
     assert landed == [q]
     assert report.merged == 1

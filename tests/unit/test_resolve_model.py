@@ -30,12 +30,12 @@ import pytest
 
 from identity_server.domain import Entity, MatchKind, Status
 from identity_server.errors import FailedPrecondition, InvalidArgument
+from identity_server.importing import ImportReport
 from identity_server.normalize import WHITE_SPACE, display_form, key, one_edit_apart
 from identity_server.server import build_service
 from identity_server.service import (
     EntityView,
     IdentityService,
-    ImportReport,
     ItemError,
     ResolveResult,
 )
