@@ -76,8 +76,15 @@ class WriteQueue(Generic[J, R]):
         self._pass_on()
 
     def close(self) -> None:
-        """Finish what is queued, then stop the writer thread."""
+        """Finish what the writer thread has, then stop it; what is left (a window whose event
+        loop has stopped) fails instead of waiting for ever."""
         self._writer.shutdown(wait=True)
+        with self._lock:
+            stranded, self._queued = self._queued, []
+            self._writing = False
+        for _, future in stranded:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(RuntimeError("the write queue is closed"))
 
     def _write_queued(self, *, wait: bool) -> None:
         """Write everything queued now as one group and settle its futures (a failed group's
@@ -123,7 +130,8 @@ class WriteQueue(Generic[J, R]):
                 stranded, self._queued = self._queued, []
                 self._writing = False
             for _, future in stranded:
-                future.set_exception(RuntimeError("the write queue is closed"))
+                if future.running() or future.set_running_or_notify_cancel():
+                    future.set_exception(RuntimeError("the write queue is closed"))
 
     def _drain(self) -> None:
         """On the writer thread: write groups until nothing is queued."""

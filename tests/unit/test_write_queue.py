@@ -119,3 +119,14 @@ def test_jobs_submitted_during_a_gather_window_are_written_as_one_group() -> Non
     assert [f.result(timeout=0) for f in (first, *more)] == ["done a", "done b", "done c"]
     assert recorder.groups == [["a", "b", "c"]]
     queue.close()
+
+
+def test_close_fails_a_job_whose_window_never_ended() -> None:
+    """The event loop stopped with a window open: close() fails its jobs instead of leaving
+    their callers waiting for ever."""
+    queue: WriteQueue[str, str] = WriteQueue(Recorder())
+    windows: list[Callable[[], None]] = []
+    future = queue.submit("a", may_wait=False, gather=windows.append)
+    queue.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        future.result(timeout=0)
