@@ -1,8 +1,8 @@
 """The model-based test of Resolve (tests/unit/test_resolve_model.py), through real servers.
 
-In-process, a writing Resolve takes the service's group-commit path; a server answers it on its
-event loop (the lock-free look there, the write queued for `loop_work.GroupWriter`, the look's
-decision reused when it still stands) and translates every field to and from the proto. Here
+In-process, a writing Resolve waits on the service's write queue; a server answers it on its
+event loop (the lock-free look there, the write queued with the loop's group-commit window,
+`loop_work.GroupWindow`) and translates every field to and from the proto. Here
 each operation of the model test is a gRPC call to a server on a loopback port (two servers on
 one database in every third seed), and every reply, link and entity is compared with the model
 as in-process.

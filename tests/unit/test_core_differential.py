@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -169,3 +170,43 @@ def test_c_probe_refuses_what_is_not_a_table() -> None:
     found: set[str] = set()
     native.probe_overlay(hashes, {hashes[0]: "a", hashes[1]: {"b", "c"}, 12345: "d"}, found)
     assert found == {"a", "b", "c"}
+
+
+_NAMES = ["Ada Lovelace", "ADA lovelace", "Mem-Castle", "MemCastle", "C#", "C++", "C.",
+          "Windows 1.0", "Windows 10", "COVID-19", "Maria", "Mario", "Transformer", "Transfromer",
+          "Café", "cafe", "Straße", "STRASSE", "ＡＢＣ", "a\u200bb\u200bc", "x y z", "Ｃ＃"]
+
+
+def _index_of(core: Core) -> Any:
+    from identity_server.domain import Entity, Name, NameKind, Status
+    from identity_server.index import NameIndex
+
+    index = NameIndex()
+    types = ["person", "method", "other", "tool"]
+    for i, text in enumerate(_NAMES, start=1):
+        display, _ = core.normalize(text)
+        status = Status.CANONICAL if i % 2 else Status.PROVISIONAL
+        index.put(Entity(f"E{i}", types[i % 4], status, i,
+                         names=(Name(display, NameKind.NAME, 0),)))
+    return index
+
+
+@needs_native
+@FAST
+@given(st.one_of(st.sampled_from(_NAMES), st.text(any_char, min_size=1, max_size=16)),
+       st.sampled_from(["person", "method", "other", "tool"]))
+def test_compiled_and_reference_decide_alike(text: str, mention_type: str) -> None:
+    """The same decision (outcome, rule, candidates in order, matched names) over one index, on
+    the section-2 corpora's tricky names and on any text."""
+    from identity_server.domain import Mention
+
+    compiled = _compiled()
+    index = _index_of(reference)
+    display, k = reference.normalize(text)
+    if not display or not k:
+        return
+    m = Mention(display, mention_type, mention_type, k)
+    ours, theirs = compiled.decide(index, m), reference.decide(index, m)
+    assert (ours.outcome, ours.rule) == (theirs.outcome, theirs.rule)
+    assert [(c.entity.entity_id, c.matched_name, c.alias_only) for c in ours.candidates] == [
+        (c.entity.entity_id, c.matched_name, c.alias_only) for c in theirs.candidates]
