@@ -365,7 +365,7 @@ class IdentityService:
             placeholder = self._live(existing) if existing is not None else None
         plan = lifecycle.plan_resolve(d, m, context_id=context_id, placeholder=placeholder)
         entity, linked = u.apply_resolve(plan, m, context_id)
-        if plan.evidence:
+        if plan.evidence and self.config.promote_after_papers:
             entity = self._promote_by_evidence(u, entity, context_id)
         return _result(entity, plan.match_kind, plan.new_entity, linked, _candidate_ids(d),
                        plan.matched_name, m)

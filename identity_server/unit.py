@@ -121,7 +121,8 @@ class Unit:
             entity = self.add_name(entity, m.display, NameKind.SURFACE)
         if plan.type_upgrade:
             entity = self.upgrade_type(entity, m.entity_type)
-        linked = tuple(c for c in plan.link_to if self.link(entity.entity_id, c))
+        linked = (tuple(c for c in plan.link_to if self.link(entity.entity_id, c))
+                  if plan.link_to else ())
         if plan.evidence:
             self.add_evidence(entity.entity_id, context_id, m.display, m.raw_type)
         return entity, linked
