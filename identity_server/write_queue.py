@@ -11,15 +11,12 @@ is written goes to that thread too, so no submitter writes more than its own gro
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
 from identity_server.store import WouldBlock
-
-logger = logging.getLogger(__name__)
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -79,12 +76,7 @@ class WriteQueue(Generic[J, R]):
         """Finish what the writer thread has, then stop it; what is left (a window whose event
         loop has stopped) fails instead of waiting for ever."""
         self._writer.shutdown(wait=True)
-        with self._lock:
-            stranded, self._queued = self._queued, []
-            self._writing = False
-        for _, future in stranded:
-            if future.set_running_or_notify_cancel():
-                future.set_exception(RuntimeError("the write queue is closed"))
+        self._fail_queued()
 
     def _write_queued(self, *, wait: bool) -> None:
         """Write everything queued now as one group and settle its futures (a failed group's
@@ -93,8 +85,7 @@ class WriteQueue(Generic[J, R]):
         with self._lock:
             taken = self._queued
             self._queued = []
-        # A job whose caller cancelled it before its group began is dropped, unwritten.
-        group = [(job, f) for job, f in taken if f.running() or f.set_running_or_notify_cancel()]
+        group = [(job, f) for job, f in taken if _claimed(f)]
         if not group:
             return
         try:
@@ -126,12 +117,16 @@ class WriteQueue(Generic[J, R]):
         try:
             self._writer.submit(self._drain)
         except RuntimeError:  # closed: nothing will write what is queued
-            with self._lock:
-                stranded, self._queued = self._queued, []
-                self._writing = False
-            for _, future in stranded:
-                if future.running() or future.set_running_or_notify_cancel():
-                    future.set_exception(RuntimeError("the write queue is closed"))
+            self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        """Fail every job still queued: the queue is closed and nothing will write them."""
+        with self._lock:
+            stranded, self._queued = self._queued, []
+            self._writing = False
+        for _, future in stranded:
+            if _claimed(future):
+                future.set_exception(RuntimeError("the write queue is closed"))
 
     def _drain(self) -> None:
         """On the writer thread: write groups until nothing is queued."""
@@ -141,6 +136,12 @@ class WriteQueue(Generic[J, R]):
                 if not self._queued:
                     self._writing = False
                     return
+
+
+def _claimed(future: Future[R]) -> bool:
+    """Take a queued job's future for its group: False when its caller cancelled it first (the
+    job is dropped, unwritten); a group put back after WouldBlock holds its futures already."""
+    return future.running() or future.set_running_or_notify_cancel()
 
 
 __all__ = ["WriteQueue"]
