@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -28,16 +27,14 @@ from typing import Any
 from benchmarks.bench_batch import MIX as BATCH_MIX
 from benchmarks.bench_unary import MIX as UNARY_MIX
 from benchmarks.common import ROOT, ServerProcess, drive, median
-from benchmarks.data import Stored, build_store, mention_mix, sample_entities
+from benchmarks.data import Stored, build_store, copy_store, mention_mix, sample_entities
 from benchmarks.grpc_load import Client, batch_requests, unary_requests
 
 CALL_TIME_CAP_S = 30.0
 
 
 def server(checkout: Path, store: Path, copy: Path) -> ServerProcess:
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{copy}{suffix}").unlink(missing_ok=True)
-    shutil.copyfile(store, copy)
+    copy_store(store, copy)
     return ServerProcess([str(checkout / ".venv" / "bin" / "identity-server"), "--log-level",
                           "warning", "serve", "--db", f"sqlite:///{copy}", "--port", "0"],
                          name=checkout.name)

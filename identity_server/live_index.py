@@ -95,7 +95,7 @@ class LiveIndex:
 
     @contextmanager
     def changing(self) -> Iterator[None]:
-        """Mark the index as changing for the block (the caller holds _lock; never nested)."""
+        """Mark the index as changing for the block (the caller holds the lock; never nested)."""
         self._index_version += 1
         try:
             yield
@@ -105,7 +105,7 @@ class LiveIndex:
     def write(self, work: Callable[[Unit], T], *, wait: bool = True) -> T:
         """work in a write transaction, under the lock. The store's write lock is taken first,
         so a write waiting for another process's holds no lock of this process: reads that
-        must catch up go on meanwhile (nothing takes the store's lock while holding _lock).
+        must catch up go on meanwhile (nothing takes the store's lock while holding the lock).
         wait=False: WouldBlock, before anything is done, when either lock is taken."""
         locked = False
         unit: Unit | None = None
@@ -136,7 +136,7 @@ class LiveIndex:
 
     def schedule_typo_pack(self) -> None:
         """Start packing the typo overlay in the background when enough anchors wait in it
-        (under _lock, so one pack at a time), keeping the index's memory near start-up's."""
+        (under the lock, so one pack at a time), keeping the index's memory near start-up's."""
         if self._packing is not None and not self._packing.done():
             return
         if time.monotonic() < self._no_pack_before:
@@ -177,7 +177,7 @@ class LiveIndex:
             return work(tx)
 
     def settle(self) -> None:
-        """Bring the index up to the store's last commit (under _lock); no transaction when
+        """Bring the index up to the store's last commit (under the lock); no transaction when
         nothing was committed since the last look, or only this process's own writes were."""
         marker, last = self.store.commit_state()
         if marker is not None and marker == self._settled_marker:

@@ -288,20 +288,18 @@ class IdentityService:
         queue's reply. may_wait=False (the event loop): nothing here waits for a lock, and None
         says the request needs a thread that may (the index is changing or behind the store).
         `gather`: the write queue's group-commit window (see WriteQueue.submit)."""
+        # Without waiting, the index answers only when it is current and no change is under
+        # way; waiting, it catches up under the process lock, not the store's write lock, so a
+        # write waiting for another process's lock does not hold up a request that writes
+        # nothing.
+        answer = self.live.answer if may_wait else self.live.answer_at_once
         if batch.lookup_only:
-            looked = self.live.answer_at_once(self._look_all, batch.parsed)
-            if looked is not None:
-                return looked
-            return self.live.answer(self._look_all, batch.parsed) if may_wait else None
+            return answer(self._look_all, batch.parsed)
         if batch.context_id:  # evidence is recorded: always a write
             return self.writes.submit(batch, may_wait=may_wait, gather=gather)
-        unchanged = self.live.answer_at_once(self._unchanged, batch.parsed)
+        unchanged = answer(self._unchanged, batch.parsed)
         if unchanged is None:  # the index is changing or behind the store
-            if not may_wait:
-                return None
-            # Caught up under the process lock, not the store's write lock: a write waiting
-            # for another process's lock does not hold up a request that writes nothing.
-            unchanged = self.live.answer(self._unchanged, batch.parsed)
+            return None
         if unchanged.results is not None:
             return BatchReply(unchanged.results)
         return self.writes.submit(batch, may_wait=may_wait, gather=gather)
@@ -317,11 +315,12 @@ class IdentityService:
                 results.append(m)
                 continue
             d = self.core.decide(self.index, m)
-            if not lifecycle.plan_resolve(d, m, context_id="").writes_nothing:
+            plan = lifecycle.plan_resolve(d, m, context_id="")
+            if not plan.writes_nothing:
                 return _Unchanged(None)  # a write is needed: decided again under the lock
-            assert d.winner is not None
-            results.append(_result(d.winner.entity, d.match_kind, False, (), _candidate_ids(d),
-                                   d.winner.matched_name, m))
+            assert plan.entity is not None
+            results.append(_result(plan.entity, plan.match_kind, False, (), _candidate_ids(d),
+                                   plan.matched_name, m))
         return _Unchanged(results)
 
     def _write_group(self, batches: Sequence[PreparedBatch], *,
