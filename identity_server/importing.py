@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from identity_server import lifecycle
 from identity_server.authority import AuthorityRecord, Line, RecordError, parse_authority
 from identity_server.checks import check_type_length, checked_id, is_unicode
-from identity_server.domain import Status, is_provisional_id, types_compatible
+from identity_server.domain import Status, is_provisional_id
 from identity_server.errors import IdentityError, InvalidArgument, StoreUnavailable
 from identity_server.live_index import LiveIndex
 from identity_server.normalize import display_form, key
@@ -202,11 +202,9 @@ class AuthorityImport:
             canonical = [e for e in entities if e.status is Status.CANONICAL]
             imported = {e.entity_id for e in map(index.live, brought_by[k]) if e is not None}
             for p in entities:
-                if p.status is Status.PROVISIONAL and not p.placeholder:
-                    found = {c.entity_id for c in canonical
-                             if types_compatible(c.entity_type, p.entity_type)}
-                    if not found.isdisjoint(imported):
-                        targets.setdefault(p.entity_id, set()).update(found)
+                found = {c.entity_id for c in lifecycle.import_merge_target(p, canonical)}
+                if not found.isdisjoint(imported):
+                    targets.setdefault(p.entity_id, set()).update(found)
 
     def _import_merges(self, u: Unit, provisional: list[str], targets: dict[str, set[str]],
                        counts: dict[str, int], linked_ids: set[str]) -> None:
