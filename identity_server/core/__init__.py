@@ -8,7 +8,7 @@ the rest; a differential test holds every implementation to the reference's answ
 
 `IDENTITY_CORE` picks one for the process, as `RAPIDFUZZ_IMPLEMENTATION` does for rapidfuzz (the
 server reads it with its other settings): `reference` (pure Python, the definition), `compiled`
-(the C loops; an error where they were not built), or `auto` (the default): `compiled` where the
+(the Cython module; an error where it was not built), or `auto` (the default): `compiled` where the
 install could build it, else `reference`.
 """
 
@@ -38,6 +38,10 @@ class Core(Protocol):
 
     def decide(self, index: IndexView, mention: Mention) -> Decision:
         """Rules 1-4 for a parsed mention over the index; changes nothing."""
+        ...
+
+    def one_edit_apart(self, a: str, b: str) -> bool:
+        """Whether keys a and b are one counting edit apart (SPEC section 2, rule 4)."""
         ...
 
     def variant_hashes(self, key: str, base: int, seed: int) -> list[int]:

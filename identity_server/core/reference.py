@@ -24,6 +24,9 @@ class ReferenceCore:
     def decide(self, index: IndexView, mention: Mention) -> Decision:
         return matching.decide(index, mention.display, mention.entity_type, mention.key)
 
+    def one_edit_apart(self, a: str, b: str) -> bool:
+        return normalize.one_edit_apart(a, b)
+
     def variant_hashes(self, key: str, base: int, seed: int) -> list[int]:
         """Without k[i], the hash is prefix(i) * base**(n-1-i) + suffix(i+1): every variant
         from one pass over the key, no string made."""

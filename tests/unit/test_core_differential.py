@@ -20,9 +20,10 @@ from identity_server import core as core_module
 from identity_server.core import Core, CoreUnavailable, load_core
 from identity_server.core.reference import ReferenceCore
 from identity_server.typo_table import _BASE, _SEED, DeletionVariantTable, _Shard, variant_hash
+from tests.unit.test_normalize import DISPLAY_CASES, KEY_CASES, ONE_EDIT_CASES
 
 try:
-    from identity_server import _typo_native as native
+    from identity_server.core import _compiled as native
     from identity_server.core.compiled import CompiledCore
 except ImportError:  # pragma: no cover - no C compiler where the install ran
     native = None  # type: ignore[assignment]
@@ -43,7 +44,7 @@ def test_the_compiled_core_is_built_where_ci_runs() -> None:
     """CI's machine has a C compiler: there the compiled core must have been built, or its loops
     would go untested while every other test passes on the reference."""
     if os.environ.get("CI"):
-        assert native is not None, "identity_server._typo_native was not built"
+        assert native is not None, "identity_server.core._compiled was not built"
     elif native is None:
         pytest.skip("the compiled core was not built here (no compiler): the reference runs")
 
@@ -64,6 +65,52 @@ def test_identity_core_selects_the_core(monkeypatch: pytest.MonkeyPatch) -> None
 def test_compiled_and_reference_normalize_alike(text: str) -> None:
     """Display form and key on any text (non-ASCII, controls, surrogates)."""
     assert _compiled().normalize(text) == reference.normalize(text)
+
+
+# Printable ASCII takes the compiled core's own path (the rest goes to the reference): names
+# over letters, digits, punctuation and spaces, where the digit rules and runs of spaces bite.
+ascii_name = st.text(st.sampled_from("aAbBzZ019 -.,#+_'()/:&"), max_size=24)
+near_ascii = st.text(st.one_of(st.sampled_from("aA09 -.#\t\n\x7f\x1f"), any_char), max_size=12)
+
+
+@needs_native
+@FAST
+@given(st.one_of(ascii_name, near_ascii))
+def test_compiled_and_reference_normalize_names_alike(text: str) -> None:
+    assert _compiled().normalize(text) == reference.normalize(text)
+
+
+@needs_native
+@pytest.mark.parametrize(("raw", "display"), [c[1:] for c in DISPLAY_CASES],
+                         ids=[c[0] for c in DISPLAY_CASES])
+def test_compiled_core_gives_the_spec_display_forms(raw: str, display: str) -> None:
+    assert _compiled().normalize(raw)[0] == display
+
+
+@needs_native
+@pytest.mark.parametrize(("raw", "k"), [c[1:] for c in KEY_CASES], ids=[c[0] for c in KEY_CASES])
+def test_compiled_core_gives_the_spec_keys(raw: str, k: str) -> None:
+    assert _compiled().normalize(raw)[1] == k
+
+
+@needs_native
+@pytest.mark.parametrize(("a", "b", "expected"), [c[1:] for c in ONE_EDIT_CASES],
+                         ids=[c[0] for c in ONE_EDIT_CASES])
+def test_compiled_core_gives_the_spec_typos(a: str, b: str, expected: bool) -> None:
+    assert _compiled().one_edit_apart(a, b) is expected
+    assert _compiled().one_edit_apart(b, a) is expected
+
+
+@needs_native
+@FAST
+@given(st.text(st.sampled_from("ab19#."), max_size=7), st.text(st.sampled_from("ab19#."), max_size=7),
+       st.text(any_char, max_size=6))
+def test_compiled_and_reference_one_edit_alike(a: str, b: str, other: str) -> None:
+    """Keys over a small alphabet (so that most pairs are a few edits apart), digits and marks
+    included; and any text against them."""
+    compiled = _compiled()
+    for x, y in ((a, b), (b, a), (a, a[1:]), (a, a[::-1]), (a, other), (other, b)):
+        assert compiled.one_edit_apart(x, y) is reference.one_edit_apart(x, y), (x, y)
 
 
 @needs_native
@@ -128,7 +175,7 @@ def test_compiled_and_reference_lookups_find_the_same_anchors(seed: int,
 
 
 @needs_native
-def test_c_probe_reads_a_directory_of_8_byte_bucket_starts() -> None:
+def test_compiled_probe_reads_a_directory_of_8_byte_bucket_starts() -> None:
     """Shards of 2**32 words or more keep 8-byte bucket starts (too large to build here): the
     same shard with its directory widened answers the same."""
     rng = random.Random(7)
@@ -144,27 +191,27 @@ def test_c_probe_reads_a_directory_of_8_byte_bucket_starts() -> None:
         hashes = native.variant_hashes(q, _BASE, _SEED)
         narrow_found: set[str] = set()
         wide_found: set[str] = set()
-        native.probe(hashes, table._shards, table._anchors, narrow_found)
-        native.probe(hashes, wide, table._anchors, wide_found)
+        native.probe_shards(hashes, table._shards, table._anchors, narrow_found)
+        native.probe_shards(hashes, wide, table._anchors, wide_found)
         assert wide_found == narrow_found and q in wide_found
 
 
 @needs_native
-def test_c_probe_refuses_what_is_not_a_table() -> None:
+def test_compiled_probe_refuses_what_is_not_a_table() -> None:
     """A wrong argument is an exception, never a read out of bounds."""
     table = DeletionVariantTable()
     table.rebuild(["transformer", "attention"])
     hashes = native.variant_hashes("transformer", _BASE, _SEED)
     with pytest.raises(TypeError):
-        native.probe(tuple(hashes), table._shards, table._anchors, set())
+        native.probe_shards(tuple(hashes), table._shards, table._anchors, set())
     with pytest.raises(TypeError):
-        native.probe(hashes, [("not", "a", "shard")] * 16, table._anchors, set())
+        native.probe_shards(hashes, [("not", "a", "shard")] * 16, table._anchors, set())
     with pytest.raises(ValueError, match="fewer shards"):
-        native.probe(hashes, table._shards[:1], table._anchors, set())
+        native.probe_shards(hashes, table._shards[:1], table._anchors, set())
     with pytest.raises(IndexError, match="anchor number"):
-        native.probe(hashes, table._shards, [], set())
+        native.probe_shards(hashes, table._shards, [], set())
     with pytest.raises(OverflowError):
-        native.probe([-1], table._shards, table._anchors, set())
+        native.probe_shards([-1], table._shards, table._anchors, set())
     with pytest.raises(TypeError):
         native.probe_overlay(hashes, {hashes[0]: 5}, set())
     found: set[str] = set()
