@@ -8,6 +8,10 @@ other checkout needs a venv of its own with the project installed (`OTHER/.venv`
 
     .venv/bin/python -m benchmarks.ab --other ../before --n 1000000 --load unary
     .venv/bin/python -m benchmarks.ab --other ../before --load batch --size 1000 --callers 4
+    .venv/bin/python -m benchmarks.ab --other . --other-core reference --load batch
+
+`--this-core` and `--other-core` set a side's IDENTITY_CORE (the last line compares this
+checkout's compiled core with its reference core).
 
 Loads: `unary` (goal 2's mix, fresh mentions), `reads` (the same mentions resolved once before
 the round, untimed), `mostly-reads` (95% of the round resolved before it, 5% fresh mentions that
@@ -17,6 +21,7 @@ write), `batch` (ResolveBatch of --size with fresh context ids, goal 1's mix).
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -29,15 +34,17 @@ from benchmarks.bench_unary import MIX as UNARY_MIX
 from benchmarks.common import ROOT, ServerProcess, drive, median
 from benchmarks.data import Stored, build_store, copy_store, mention_mix, sample_entities
 from benchmarks.grpc_load import Client, batch_requests, unary_requests
+from identity_server.core import CHOICES
 
 CALL_TIME_CAP_S = 30.0
 
 
-def server(checkout: Path, store: Path, copy: Path) -> ServerProcess:
+def server(checkout: Path, store: Path, copy: Path, core: str | None) -> ServerProcess:
     copy_store(store, copy)
+    env = {**os.environ, "IDENTITY_CORE": core} if core else None
     return ServerProcess([str(checkout / ".venv" / "bin" / "identity-server"), "--log-level",
                           "warning", "serve", "--db", f"sqlite:///{copy}", "--port", "0"],
-                         name=checkout.name)
+                         name=checkout.name, env=env)
 
 
 def rounds_of(load: str, pool: Sequence[Stored], *, size: int,
@@ -68,6 +75,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=100, help="mentions a batch (--load batch)")
     ap.add_argument("--callers", type=int, help="concurrent callers (default 16; batch 4)")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--this-core", choices=CHOICES, help="IDENTITY_CORE of this side's server")
+    ap.add_argument("--other-core", choices=CHOICES, help="IDENTITY_CORE of the other side's")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out")
     args = ap.parse_args()
     callers = args.callers or (4 if args.load == "batch" else 16)
@@ -79,8 +88,8 @@ def main() -> None:
     sides = {"this": ROOT, "other": args.other.resolve()}
     rates: dict[str, list[float]] = {side: [] for side in sides}
     cpu: dict[str, list[float]] = {side: [] for side in sides}
-    with server(sides["this"], store, work / "ab-this.sqlite") as a, \
-            server(sides["other"], store, work / "ab-other.sqlite") as b, \
+    with server(sides["this"], store, work / "ab-this.sqlite", args.this_core) as a, \
+            server(sides["other"], store, work / "ab-other.sqlite", args.other_core) as b, \
             Client(a.address, a.pid) as this, Client(b.address, b.pid) as other:
         clients = {"this": this, "other": other}
         for r in range(args.rounds):
