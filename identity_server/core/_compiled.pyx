@@ -206,11 +206,6 @@ ctypedef struct _Probe:
     uint64_t hash_mask, number_mask, wanted, bucket, first, last
 
 
-cdef int _read_field(object shard, Py_ssize_t field, uint64_t *out) except -1:
-    out[0] = shard[field]
-    return 0
-
-
 cdef int _locate(_Probe *p, uint64_t hashed, list shards) except -1:
     """The probe of one hash: its shard's arrays and masks, and its bucket. The shard is a
     typo_table._Shard: (words, bucket starts, shift, bucket mask, hash mask, number mask, ...),
@@ -218,17 +213,18 @@ cdef int _locate(_Probe *p, uint64_t hashed, list shards) except -1:
     cdef Py_ssize_t s = <Py_ssize_t>(hashed >> SHARD_SHIFT)
     if s >= len(shards):
         raise ValueError("probe: fewer shards than the hash bits name")
-    shard = shards[s]
-    if (not isinstance(shard, tuple) or len(shard) < 6
-            or not PyMemoryView_Check(shard[0]) or not PyMemoryView_Check(shard[1])):
+    item = shards[s]
+    if not isinstance(item, tuple) or len(item) < 6:
+        raise TypeError("probe: a shard is not a _Shard")
+    # Read as a plain tuple: indexing a tuple subclass goes through its Python-level slot.
+    cdef tuple shard = <tuple>item
+    if not PyMemoryView_Check(shard[0]) or not PyMemoryView_Check(shard[1]):
         raise TypeError("probe: a shard is not a _Shard")
     cdef Py_buffer *words = PyMemoryView_GET_BUFFER(shard[0])
     cdef Py_buffer *starts = PyMemoryView_GET_BUFFER(shard[1])
-    cdef uint64_t shift, bucket_mask
-    _read_field(shard, 2, &shift)
-    _read_field(shard, 3, &bucket_mask)
-    _read_field(shard, 4, &p.hash_mask)
-    _read_field(shard, 5, &p.number_mask)
+    cdef uint64_t shift = shard[2], bucket_mask = shard[3]
+    p.hash_mask = shard[4]
+    p.number_mask = shard[5]
     if (words.itemsize != 8 or (starts.itemsize != 4 and starts.itemsize != 8)
             or not PyBuffer_IsContiguous(words, c'C') or not PyBuffer_IsContiguous(starts, c'C')
             or shift > 63):
@@ -258,7 +254,8 @@ def probe_shards(list hashes, list shards, list anchors, set found):
     cdef _Probe *p
     cdef Py_ssize_t count = len(hashes), n_anchors = len(anchors), done, i, size
     cdef uint64_t w, number
-    for done in range(0, count, CHUNK):
+    done = 0
+    while done < count:
         size = min(count - done, CHUNK)
         for i in range(size):
             p = &chunk[i]
@@ -286,6 +283,7 @@ def probe_shards(list hashes, list shards, list anchors, set found):
                 if number >= <uint64_t>n_anchors:
                     raise IndexError("probe: anchor number beyond the anchors")
                 found.add(anchors[number])
+        done += CHUNK
 
 
 def probe_overlay(list hashes, dict overlay, set found):
