@@ -16,9 +16,11 @@ else:
     ext_modules = cythonize(
         [Extension("identity_server.core._compiled",
                    sources=["identity_server/core/_compiled.pyx"],
-                   extra_compile_args=["-O2"], optional=True)],
+                   extra_compile_args=["-O2"])],
         compiler_directives={"language_level": "3"},
         quiet=True,
     )
+    for module in ext_modules:  # cythonize's copies do not keep `optional`
+        module.optional = True
 
 setup(ext_modules=ext_modules)
