@@ -70,7 +70,7 @@ class Settings(BaseSettings):
                                  description="Shutdown grace period.")
     core: Literal["auto", "reference", "compiled"] = Field(
         default="auto",
-        description="The resolve core: compiled (C loops), reference (pure Python), or auto "
+        description="The resolve core: compiled (Cython), reference (pure Python), or auto "
                     "(compiled where the install built it).",
     )
 
