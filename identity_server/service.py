@@ -20,9 +20,11 @@ from identity_server.authority import Line
 from identity_server.checks import (
     MAX_ACTOR_LENGTH,
     MAX_REASON_LENGTH,
+    MAX_TYPE_LENGTH,
     check_type_length,
     checked_entity_id,
     checked_id,
+    has_dropped_characters,
     is_unicode,
 )
 from identity_server.core import Core, selected
@@ -222,7 +224,23 @@ class IdentityService:
             raise InvalidArgument(f"mention {display!r} has no letters, digits or symbols")
         if not display.isascii() and not is_unicode(display):  # ASCII: no call, hot path
             raise InvalidArgument("mention contains a lone surrogate: not valid Unicode")
-        return Mention(display, self.config.vocabulary.for_mention(entity_type), entity_type, k)
+        return Mention(display, *self._parse_type(entity_type), k)
+
+    def _parse_type(self, entity_type: str) -> tuple[str, str]:
+        """The mention's type (of the vocabulary) and the type as given, cleaned as a mention
+        is (`display_form`), since it is stored with the evidence."""
+        if entity_type.isascii() and entity_type.isprintable():  # the common case: no controls
+            return self.config.vocabulary.for_mention(entity_type), display_form(entity_type)
+        raw_type = display_form(entity_type)
+        if len(raw_type) > MAX_TYPE_LENGTH:  # NFKC can lengthen it past the cap on what is kept
+            raise InvalidArgument(f"type is {len(raw_type)} characters long once normalised; "
+                                  f"the limit is {MAX_TYPE_LENGTH}")
+        if not is_unicode(raw_type):  # could not be stored with the evidence
+            raise InvalidArgument("type contains a lone surrogate: not valid Unicode")
+        # A type with characters the cleaning drops is read as cleaned ("per\x00son" is person,
+        # one with nothing left is an empty type); any other is read as given, as it always was.
+        read = raw_type if has_dropped_characters(entity_type) else entity_type
+        return self.config.vocabulary.for_mention(read), raw_type
 
     def _live(self, entity_id: str) -> Entity:
         entity = self.index.live(checked_entity_id(entity_id))
@@ -260,7 +278,7 @@ class IdentityService:
     def prepare_one(self, mention: str, entity_type: str, *, context_id: str = "",
                     lookup_only: bool = False) -> PreparedBatch:
         """A Resolve checked and parsed, as a batch of one (no stored reply)."""
-        checked_id(context_id, "context id")
+        checked_id(context_id, "context id", "a paper id")
         return PreparedBatch(context_id, [self.parse_mention(mention, entity_type)], None,
                              lookup_only)
 
@@ -268,7 +286,7 @@ class IdentityService:
                       lookup_only: bool = False) -> PreparedBatch:
         """Check a batch and parse its mentions (no lock, no store): a bad context id or size
         fails the whole batch, a bad mention only its own item."""
-        checked_id(context_id, "context id")
+        checked_id(context_id, "context id", "a paper id")
         if len(mentions) > self.config.max_batch_size:
             raise BatchTooLarge(len(mentions), self.config.max_batch_size)
         parsed: list[Mention | ItemError] = []
@@ -342,7 +360,11 @@ class IdentityService:
             results.append(self._resolve_one(u, m, batch.context_id))
             # As a call of its own would: the next mention may find a new best candidate.
             self._link_placeholders_to_later_candidates(u)
-        if batch.request_hash is not None:
+        # Kept only when the batch wrote something (with a context, each resolved mention
+        # records evidence): a batch whose every item failed changed nothing, so a repeat is
+        # simply checked again and fails the same way.
+        wrote = any(isinstance(r, ResolveResult) for r in results)
+        if batch.request_hash is not None and wrote:
             u.tx.put_batch_reply(batch.request_hash, _encode_results(results), now=u.now)
             self._batches_written += 1
             if self._batches_written % 1000 == 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -310,7 +311,13 @@ class PaperEnvelope(BaseModel):
     @field_validator("paper_id")
     @classmethod
     def _paper_id(cls, value: str) -> str:
-        return _check_id(value)
+        value = _check_id(value)
+        if not value.isprintable():  # the identity server refuses it as a context id
+            for i, c in enumerate(value):
+                if unicodedata.category(c) in ("Cc", "Cf"):
+                    raise ValueError(f"has control character U+{ord(c):04X} at position {i} "
+                                     "(it is the identity server's context id, which takes none)")
+        return value
 
     @field_validator("revision")
     @classmethod

@@ -458,7 +458,7 @@ def _fast_paper(
     max_id = limits.max_id_chars
     if (type(paper_id) is not _STR or type(mention_items) is not _LIST
             or type(relationship_items) is not _LIST or not paper_id.strip()
-            or len(paper_id) > max_id
+            or len(paper_id) > max_id or not paper_id.isprintable()
             or len(mention_items) > limits.max_mentions
             or len(relationship_items) > limits.max_relationships):
         return None

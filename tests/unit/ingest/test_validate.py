@@ -359,3 +359,15 @@ def test_an_integer_longer_than_python_converts_costs_only_its_item() -> None:
     assert "5001 characters long" in reasons["mentions[3]"]
     again = parse(None, raw=line.replace(huge, huge + "0", 1).encode())
     assert isinstance(again, CheckedPaper) and again.content_hash != p.content_hash
+
+
+@pytest.mark.parametrize("paper_id", ["W\x1b[31m1", "W\x00", "p\u200b1", "p\t1"])
+def test_a_paper_id_with_a_control_character_is_a_line_reject(paper_id: str) -> None:
+    """The server refuses such a context id for the whole batch: a reject naming it instead."""
+    p = parse(paper(paper_id=paper_id))
+    assert isinstance(p, LineReject)
+    assert "paper.paper_id: has control character U+" in p.reason
+
+
+def test_a_paper_id_with_other_unicode_stays_good() -> None:
+    assert isinstance(parse(paper(paper_id="Pàper 1 · α")), CheckedPaper)
