@@ -32,9 +32,12 @@ from identity_server.authority import (
 )
 from identity_server.command_line import (
     add_command,
+    add_log_format_option,
     configure_logging,
+    json_logs,
     parse_command_line,
     server_address,
+    tell,
     whole_number,
 )
 from identity_server.errors import IdentityError, InvalidArgument, StartupError
@@ -49,26 +52,30 @@ logger = logging.getLogger("identity_server")
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parse_command_line(parser, argv)
-    configure_logging(getattr(logging, args.log_level.upper()))
+    configure_logging(getattr(logging, args.log_level.upper()), args.log_format)
     for warning in unknown_environment():
         logger.warning("%s", warning)
     try:
         code: int = args.run(args)
         return code
     except IdentityError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _error(f"{e}")
         return 2
     except (ValidationError, SettingsError) as e:
-        print(f"error: invalid setting: {describe_settings_error(e)}", file=sys.stderr)
+        _error(f"invalid setting: {describe_settings_error(e)}")
         return 2
     except StartupError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _error(f"{e}")
         return 1
     except grpc.RpcError as e:
-        print(f"error: {e.code().name}: {e.details()}{_hint(e.code(), args)}", file=sys.stderr)
+        _error(f"{e.code().name}: {e.details()}{_hint(e.code(), args)}")
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _error(text: str) -> None:
+    tell(logger, logging.ERROR, text, prefix="error: ")
 
 
 def _hint(code: grpc.StatusCode, args: argparse.Namespace) -> str:
@@ -87,19 +94,30 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="identity-server", description=__doc__)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="default info; debug logs every call and decision")
+    add_log_format_option(p)
     sub = p.add_subparsers(required=True, metavar="COMMAND")
 
     serve = add_command(sub, "serve", help="run the gRPC server until SIGTERM or Ctrl-C")
     serve.add_argument("--db", dest="db_url", help="store URL (default sqlite:///identity.sqlite)")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 50051; 0 picks a free one)")
-    serve.add_argument("--admin-token", help="bearer token that admin RPCs must present")
+    serve.add_argument("--admin-token",
+                       help="bearer token that admin RPCs must present (visible to `ps`: "
+                       "prefer --tokens-file or IDENTITY_ADMIN_TOKEN)")
+    serve.add_argument("--tokens-file",
+                       help="bearer tokens, one `role token` a line (reader, writer, admin); "
+                       "re-read on SIGHUP")
     serve.add_argument("--strict-types", action="store_true", default=None,
                        help="refuse unknown mention types instead of reading them as other")
     serve.add_argument("--promote-after", dest="promote_after_papers", type=int,
                        help="auto-promote provisional entities seen in this many papers")
     serve.add_argument("--tls-cert", help="PEM certificate (with --tls-key: serve TLS)")
     serve.add_argument("--tls-key", help="PEM private key")
+    serve.add_argument("--tls-client-ca",
+                       help="PEM root certificates: clients must present a certificate they "
+                       "signed (mutual TLS)")
+    serve.add_argument("--metrics-port", type=int,
+                       help="serve Prometheus metrics over HTTP on this port (default: off)")
     serve.set_defaults(run=_serve)
 
     imp = add_command(sub, "import", help="import an authority file (JSON Lines or CSV) into a "
@@ -182,10 +200,12 @@ def _serve(args: argparse.Namespace) -> int:
     from identity_server.server import address, serve_until_signalled, start_server
 
     settings = _settings(args, "db_url", "host", "port", "admin_token", "strict_types",
-                         "promote_after_papers", "tls_cert", "tls_key")
+                         "promote_after_papers", "tls_cert", "tls_key", "tokens_file",
+                         "tls_client_ca", "metrics_port")
     running = start_server(settings)
     serve_until_signalled(running, settings.grace_seconds, ready=lambda: print(
-        f"listening on {address(settings.host, running.port)}", flush=True))
+        f"listening on {address(settings.host, running.port)}", flush=True),
+        drain=settings.drain_seconds)
     return 0
 
 
@@ -197,7 +217,7 @@ def _import(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"cannot read {args.file}: {e.strerror}") from e
     with raw:  # `stopped`: where reading broke off (compressed data cut short), if it did
         if args.server:
-            with tqdm(unit="B", unit_scale=True, desc="sending", disable=None,
+            with tqdm(unit="B", unit_scale=True, desc="sending", disable=_no_bar(),
                       file=sys.stderr) as bar:
                 report, stopped = remote.import_stream(args, raw, bar.update)
         else:
@@ -219,7 +239,7 @@ def _import_into_store(args: argparse.Namespace,
     stopped: list[str] = []
     try:
         with unpacked(raw) as (f, kind), tqdm(
-            unit=" records", desc="importing", disable=None, file=sys.stderr
+            unit=" records", desc="importing", disable=_no_bar(), file=sys.stderr
         ) as bar:
             report = service.import_lines(_readable(f, args.file, kind, stopped), args.format,
                                           progress=bar.update)
@@ -228,10 +248,16 @@ def _import_into_store(args: argparse.Namespace,
     return report, (stopped[0] if stopped else None)
 
 
+def _no_bar() -> bool | None:
+    """tqdm's `disable`: no bar among JSON log lines; otherwise one on a terminal only."""
+    return True if json_logs() else None
+
+
 def _print_import(file: Path, report: Any) -> None:
     """An import's report (the service's, or ImportAuthority's reply: the same fields)."""
     for refused in report.errors:
-        print(f"{file}:{refused.line}: {refused.message}", file=sys.stderr)
+        tell(logger, logging.WARNING, f"{file}:{refused.line}: {refused.message}",
+             extra={"file": str(file), "line": refused.line, "reason": refused.message})
     print(
         f"imported {report.imported} records ({report.created} new, {report.updated} replaced); "
         f"merged {report.merged} provisional entities, linked {report.linked}; "

@@ -9,10 +9,14 @@ show the options the subcommand takes, and a top-level option given after the su
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
 
 _COMMAND_PARSER = "command_parser"
 
@@ -94,10 +98,98 @@ def header_safe_token(token: str | None) -> str | None:
     return token
 
 
-def configure_logging(level: int) -> None:
-    """Log lines to stderr at `level`, one format for both CLIs. grpcio's own debug lines (its
-    event loop's plumbing, a few for every call) are left out even at debug: they are not what
-    a verbose run asks for, and gRPC's tracing has variables of its own (GRPC_TRACE)."""
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+LOG_FORMATS = ("text", "json")
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+# The JSON lines carry the text lines' fields, under the names log collectors expect.
+_JSON_NAMES = {"asctime": "time", "levelname": "level", "name": "logger", "message": "event",
+               "exc_info": "exception", "stack_info": "stack"}
+_log_format = "text"  # as the last configure_logging set it (in this process)
+
+
+def add_log_format_option(parser: argparse.ArgumentParser) -> None:
+    """`--log-format`, for both CLIs' top-level parsers."""
+    parser.add_argument(
+        "--log-format", default="text", choices=LOG_FORMATS,
+        help="text (default): one plain line a message; json: one JSON object a line (time, "
+             "level, logger, event and the message's fields), for log collectors; with json, "
+             "messages that would be plain lines on stderr are log records too, and there is "
+             "no progress bar")
+
+
+def log_format() -> str:
+    """The format the last configure_logging set ("text" before any), for a worker process."""
+    return _log_format
+
+
+def json_logs() -> bool:
+    """Whether logging was configured as JSON: then stderr holds nothing but log records."""
+    return _log_format == "json"
+
+
+def configure_logging(level: int, log_format: str = "text") -> None:
+    """Log lines to stderr at `level`, one format for both CLIs (and ingest's worker process).
+    grpcio's own debug lines (its event loop's plumbing, a few for every call) are left out even
+    at debug: they are not what a verbose run asks for, and gRPC's tracing has variables of its
+    own (GRPC_TRACE)."""
+    global _log_format
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
+    _log_format = log_format
+    if log_format == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_json_formatter())
+        logging.basicConfig(level=level, handlers=[handler])
+        # What would otherwise reach stderr as plain text: warnings and an uncaught exception.
+        logging.captureWarnings(True)
+        sys.excepthook = _log_uncaught
+    else:
+        logging.basicConfig(level=level, stream=sys.stderr, format=_TEXT_FORMAT)
     logging.getLogger("grpc").setLevel(max(level, logging.INFO))
+
+
+def _json_formatter() -> logging.Formatter:
+    # Imported only for JSON logs.
+    from pythonjsonlogger.json import JsonEncoder
+    from pythonjsonlogger.orjson import OrjsonFormatter
+
+    class JsonLines(OrjsonFormatter):
+        """python-json-logger's orjson formatter, with an RFC 3339 UTC time to the
+        millisecond and the level in lower case."""
+
+        def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+            return (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+                    + f".{int(record.msecs):03d}Z")
+
+        def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+            log_data["level"] = str(log_data["level"]).lower()
+            return log_data
+
+        def jsonify_log_record(self, log_data: dict[str, Any]) -> str:
+            try:
+                text: str = super().jsonify_log_record(log_data)
+            except TypeError:  # orjson refuses some values (an int past 64 bits): never lose a line
+                text = json.dumps(log_data, cls=JsonEncoder, separators=(",", ":"))
+            return text
+
+    formatter: logging.Formatter = JsonLines(_TEXT_FORMAT, rename_fields=_JSON_NAMES)
+    return formatter
+
+
+def _log_uncaught(kind: type[BaseException], value: BaseException,
+                  tb: TracebackType | None) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, tb)
+        return
+    logging.getLogger("uncaught").critical("%s: %s", kind.__name__, value,
+                                           exc_info=(kind, value, tb))
+
+
+def tell(logger: logging.Logger, level: int, text: str, *, prefix: str = "",
+         extra: Mapping[str, object] | None = None) -> None:
+    """A message for the person running the command: `prefix + text` on stderr, or with JSON
+    logs a record of `logger` (`text` its event, `extra` its fields), so that stderr stays one
+    JSON object a line."""
+    if json_logs():
+        logger.log(level, "%s", text, extra=extra)
+    else:
+        print(prefix + text, file=sys.stderr)

@@ -5,8 +5,10 @@
      |    +-- BatchTooLarge    a ResolveBatch over the server's limit (which the client is told)
      +-- EntityNotFound        unknown id
      +-- FailedPrecondition    merge/settle that the lifecycle forbids
-     +-- Unauthenticated       admin call without the admin token
+     +-- Unauthenticated       no token, or one the server does not know
+     +-- PermissionDenied      a known token whose role may not make the call
      +-- StoreUnavailable      the database could not be reached or kept timing out
+     +-- Overloaded            too much writing work waiting: refused early, retry later
 
     StartupError               the server could not start (never raised by a call)
 """
@@ -40,11 +42,24 @@ class FailedPrecondition(IdentityError):
 
 
 class Unauthenticated(IdentityError):
-    """An admin call without a valid admin token."""
+    """A call that needs a token came without one, or with one the server does not know."""
+
+
+class PermissionDenied(IdentityError):
+    """A known token whose role may not make this call."""
 
 
 class StoreUnavailable(IdentityError):
     """The identity store failed; the call may be retried."""
+
+
+class Overloaded(IdentityError):
+    """Writes refused before any work because too many mentions already wait to be written;
+    `retry_after_ms` goes back to the client as trailing metadata."""
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
 
 
 class StartupError(Exception):

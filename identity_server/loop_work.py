@@ -5,6 +5,7 @@ group-commit window (`GroupWindow`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 import time
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
 
+from identity_server.errors import Overloaded
 from identity_server.service import BatchReply, IdentityService, PreparedBatch
 
 M = TypeVar("M")
@@ -91,20 +93,33 @@ class AsyncResolver:
     answered on the loop; a write goes to the service's write queue without waiting for it
     there; what must wait for a lock, and large requests, go to the blocking pool."""
 
-    def __init__(self, service: IdentityService, blocking: futures.Executor) -> None:
+    def __init__(self, service: IdentityService, blocking: futures.Executor, *,
+                 max_queued_mentions: int = 20_000) -> None:
         self._service = service
         self._blocking = blocking
         self._window = GroupWindow()
+        self._writes = WriteAdmission(max_queued_mentions)
 
     async def resolve(self, mention: str, entity_type: str, *, context_id: str,
                       lookup_only: bool) -> BatchReply:
         self._window.note_call()
-        return await self._reply(self._service.prepare_one(
-            mention, entity_type, context_id=context_id, lookup_only=lookup_only))
+        batch = self._service.prepare_one(mention, entity_type, context_id=context_id,
+                                          lookup_only=lookup_only)
+        if lookup_only:
+            return await self._reply(batch)
+        with self._writes.admit(1):
+            return await self._reply(batch)
 
     async def resolve_batch(self, context_id: str, mentions: list[tuple[str, str]], *,
                             lookup_only: bool) -> BatchReply:
         self._window.note_call()
+        if lookup_only:
+            return await self._resolve_batch(context_id, mentions, lookup_only=True)
+        with self._writes.admit(len(mentions)):
+            return await self._resolve_batch(context_id, mentions, lookup_only=False)
+
+    async def _resolve_batch(self, context_id: str, mentions: list[tuple[str, str]], *,
+                             lookup_only: bool) -> BatchReply:
         service = self._service
         if len(mentions) > INLINE_BATCH_LIMIT:
             return await on_pool(self._blocking, lambda: service.resolve_prepared(
@@ -121,6 +136,35 @@ class AsyncResolver:
         if outcome.done():  # written on the loop already
             return outcome.result()
         return await _on_loop(outcome)
+
+
+class WriteAdmission:
+    """Load shedding: the mentions of the calls that may write and have not been answered yet,
+    bounded. A call that would take them past the limit is refused at once (Overloaded: the
+    client retries later) instead of queueing behind work it would wait seconds for, often
+    past its deadline. A call alone is always taken, whatever its size. Lookup-only calls are
+    not counted: they are answered from the index, ahead of the writes. Used from the event
+    loop's thread only."""
+
+    # A rough pace of writing, to turn what waits into a hint of when to come back.
+    MENTIONS_PER_MS = 20
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.waiting = 0
+
+    @contextlib.contextmanager
+    def admit(self, mentions: int) -> Iterator[None]:
+        if self.waiting and self.waiting + mentions > self.limit:
+            retry_ms = max(100, min(5000, self.waiting // self.MENTIONS_PER_MS))
+            raise Overloaded(f"the server is busy: {self.waiting} mentions are waiting to be "
+                             f"written (limit {self.limit}); retry in about {retry_ms} ms",
+                             retry_ms)
+        self.waiting += mentions
+        try:
+            yield
+        finally:
+            self.waiting -= mentions
 
 
 async def _on_loop(future: futures.Future[T]) -> T:
@@ -143,11 +187,19 @@ async def _on_loop(future: futures.Future[T]) -> T:
     def settle(done: futures.Future[T]) -> None:
         if threading.get_ident() == loop_thread:
             copy(done)
-        else:
-            loop.call_soon_threadsafe(copy, done)
+        elif not loop.is_closed():  # closed: the server stopped, nobody waits for the reply
+            try:
+                loop.call_soon_threadsafe(copy, done)
+            except RuntimeError:  # closed in between
+                pass
 
     future.add_done_callback(settle)
-    return await waiter
+    try:
+        return await waiter
+    except asyncio.CancelledError:
+        # The call ended: a job its group has not taken yet is dropped, never written.
+        future.cancel()
+        raise
 
 
 class CallEnded(Exception):

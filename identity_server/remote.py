@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,9 +34,11 @@ from identity_server.authority import (
     starts_utf16,
     unpacked,
 )
-from identity_server.command_line import server_address
+from identity_server.command_line import header_safe_token, server_address, tell
 from identity_server.errors import InvalidArgument
 from identity_server.settings import MAX_MESSAGE_BYTES, Settings
+
+logger = logging.getLogger("identity_server")
 
 Metadata = tuple[tuple[str, str], ...]
 _PAGE = 1000  # links asked for per ListPossiblySameAs call (the server's most)
@@ -55,6 +58,9 @@ def add_connection_options(parser: argparse.ArgumentParser, *, admin: bool = Fal
     parser.add_argument("--tls-ca", type=Path,
                         help="PEM root certificates: talk TLS (to a server run with --tls-cert)")
     parser.add_argument("--json", action="store_true", help="print the reply as JSON")
+    parser.add_argument("--token-file", type=Path,
+                        help="file whose first line is the bearer token to present (default: "
+                        "IDENTITY_TOKEN); a server with roles needs one")
     if admin:
         parser.add_argument("--admin-token",
                             help="the server's admin token (default: IDENTITY_ADMIN_TOKEN)")
@@ -165,8 +171,8 @@ def _note_redirect(asked: str, acted_on: pb.Entity) -> None:
     """Admin calls on a merged id act on the entity it redirects to (SPEC section 3): say so,
     on stderr, so that a curator who named a merged-away id is not surprised."""
     if acted_on.entity_id and acted_on.entity_id != asked:
-        print(f"note: {asked} was merged into {acted_on.entity_id}; this acted on "
-              f"{acted_on.entity_id}", file=sys.stderr)
+        tell(logger, logging.WARNING, f"{asked} was merged into {acted_on.entity_id}; this acted "
+             f"on {acted_on.entity_id}", prefix="note: ")
 
 
 _FORMATS = {None: pb.AUTHORITY_FORMAT_UNSPECIFIED, "jsonl": pb.AUTHORITY_FORMAT_JSONL,
@@ -229,7 +235,7 @@ def _server(args: argparse.Namespace) -> Iterator[Call]:
         stub = pb_grpc.IdentityServiceStub(channel)
 
         def call(method: str, request: Any, *, admin: bool = False) -> Any:
-            metadata = _admin_metadata(args) if admin else ()
+            metadata = (_admin_metadata(args) if admin else ()) or _token_metadata(args)
             try:
                 return getattr(stub, method)(request, timeout=args.timeout, metadata=metadata)
             except grpc.RpcError as e:
@@ -254,6 +260,24 @@ def _channel(args: argparse.Namespace) -> grpc.Channel:
             f"cannot read the TLS root certificates {args.tls_ca}: {e.strerror}") from e
     return grpc.secure_channel(args.server, grpc.ssl_channel_credentials(root_certificates=roots),
                                options=_OPTIONS)
+
+
+def _token_metadata(args: argparse.Namespace) -> Metadata:
+    """The bearer token of --token-file, else IDENTITY_TOKEN; none when neither is given."""
+    path: Path | None = getattr(args, "token_file", None)
+    if path is not None:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidArgument(f"cannot read the token file {path}: {e}") from e
+        first = lines[0].strip() if lines else ""
+        try:
+            token = header_safe_token(first) if first else None
+        except ValueError as e:
+            raise InvalidArgument(f"{path}: {e}") from e
+    else:
+        token = Settings().token
+    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 def _admin_metadata(args: argparse.Namespace) -> Metadata:

@@ -19,9 +19,12 @@ from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from identity_server import core
+from identity_server.access import AccessPolicy
 from identity_server.domain import TypeVocabulary
 from identity_server.errors import StartupError
 from identity_server.handlers import SERVICE, add_identity_service, add_service
+from identity_server.loop_work import on_pool
+from identity_server.metrics import Metrics, MetricsServer
 from identity_server.service import IdentityService, ServiceConfig
 from identity_server.servicer import IdentityServicer
 from identity_server.settings import MAX_MESSAGE_BYTES, Settings
@@ -32,6 +35,8 @@ T = TypeVar("T")
 
 SERVICE_NAME = SERVICE.full_name
 SIGNAL_POLL_S = 0.2  # how often the main thread wakes to run a pending signal's handler
+STORE_PROBE_S = 1.0  # how often health asks the store whether it answers
+STORE_PROBE_TIMEOUT_S = 10.0
 
 # Shared by the server and the benchmarks' echo baseline, so both run the same gRPC stack.
 GRPC_OPTIONS: list[tuple[str, int]] = [
@@ -46,7 +51,8 @@ REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 def build_service(settings: Settings) -> IdentityService:
     """The use-case layer over the configured store (also used by the CLI's import command)."""
-    store = open_store(settings.db_url)
+    store = (open_store(settings.db_url, synchronous=settings.sqlite_synchronous)
+             if settings.db_url.startswith("sqlite") else open_store(settings.db_url))
     config = ServiceConfig(
         vocabulary=TypeVocabulary.of(settings.types, strict=settings.strict_types),
         max_mention_length=settings.max_mention_length,
@@ -96,24 +102,45 @@ class RunningServer:
     port: int
     health: health.aio.HealthServicer
     service: IdentityService
+    servicer: IdentityServicer
+    settings: Settings
     _loop: EventLoopThread
     _handlers: futures.ThreadPoolExecutor
+    metrics_server: MetricsServer | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the server's handlers run on (for tools that observe it)."""
         return self._loop.loop
 
+    def reload_tokens(self) -> None:
+        """Read the tokens file and IDENTITY_TOKENS again (SIGHUP); on an error the tokens in
+        force stay, and the error is logged."""
+        try:
+            self.servicer.access = access_policy(self.settings)
+        except StartupError as e:
+            logger.error("tokens not reloaded, the previous ones stay in force: %s", e)
+            return
+        logger.info("tokens reloaded: %s", describe_access(self.servicer.access))
+
+    def stop_serving(self) -> None:
+        """Health NOT_SERVING (every service), while calls are still taken: the drain."""
+        if not self._loop.loop.is_closed():
+            self._loop.run(self.health.enter_graceful_shutdown())
+
     def stop(self, grace: float | None = 5.0) -> None:
         """Idempotent: a second call returns at once."""
         if self._loop.loop.is_closed():
             return
         self._loop.run(self.health.enter_graceful_shutdown())
+        self.servicer.stopping = True
         self._loop.run(self.server.stop(grace))
         self._loop.close()
         # Work still queued belongs to calls that are over: dropped. A write under way is
         # waited for by service.close() (the store's write lock), each queued one is not.
         self._handlers.shutdown(wait=False, cancel_futures=True)
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         self.service.close()
         logger.info("server on port %d stopped", self.port)
 
@@ -124,8 +151,11 @@ class RunningServer:
 
 
 def _tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    """The TLS credentials, read before the store is opened so a typo costs no index build."""
+    """The TLS credentials, read before the store is opened so a typo costs no index build;
+    with a client CA, clients must present a certificate it signed (mutual TLS)."""
     if not (settings.tls_cert or settings.tls_key):
+        if settings.tls_client_ca:
+            raise StartupError("--tls-client-ca needs TLS on (--tls-cert and --tls-key)")
         return None
     if not (settings.tls_cert and settings.tls_key):
         raise StartupError("TLS needs both --tls-cert and --tls-key")
@@ -133,7 +163,42 @@ def _tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:
         key, cert = Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes()
     except OSError as e:
         raise StartupError(f"cannot read the TLS certificate or key: {e}") from e
-    return grpc.ssl_server_credentials([(key, cert)])
+    try:
+        client_ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
+    except OSError as e:
+        raise StartupError(f"cannot read the client CA certificates: {e}") from e
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
+                                       require_client_auth=client_ca is not None)
+
+
+def access_policy(settings: Settings) -> AccessPolicy:
+    return AccessPolicy.load(tokens_file=settings.tokens_file, tokens=settings.tokens,
+                             admin_token=settings.admin_token)
+
+
+def describe_access(access: AccessPolicy) -> str:
+    counts = {role: sum(1 for _, r in access.tokens if r is role) for _, role in access.tokens}
+    listed = ", ".join(f"{n} {role.name.lower()}" for role, n in sorted(counts.items()))
+    return f"{len(access.tokens)} tokens ({listed})" if access.tokens else "no tokens"
+
+
+def _warn_if_open(settings: Settings, access: AccessPolicy, tls: bool, listen: str) -> None:
+    """Say at start who may write: anyone who can reach the port, unless tokens say
+    otherwise; louder when that is anyone on the network, in clear text."""
+    if access.enforcing:
+        logger.info("access by role: %s", describe_access(access))
+        return
+    loopback = settings.host in ("127.0.0.1", "::1", "localhost") or settings.host.startswith(
+        "127.")
+    message = (f"no reader or writer tokens: anyone who can reach {listen} may resolve and "
+               "write (set --tokens-file or IDENTITY_TOKENS)")
+    if loopback:
+        logger.info("%s", message)
+    elif not tls:
+        logger.warning("%s; it listens beyond this machine WITHOUT TLS: tokens and data "
+                       "cross the network in clear", message)
+    else:
+        logger.warning("%s", message)
 
 
 def _check_listen_address(host: str, port: int) -> None:
@@ -163,12 +228,13 @@ def _check_listen_address(host: str, port: int) -> None:
 def start_server(settings: Settings, *, service: IdentityService | None = None) -> RunningServer:
     """Start serving on settings.host:settings.port (0 picks a free port; see .port)."""
     credentials = _tls_credentials(settings)
+    access = access_policy(settings)
     if service is None:
         _check_listen_address(settings.host, settings.port)
     own_service = service is None
     service = service or build_service(settings)
     try:
-        return _start(settings, service, credentials)
+        return _start(settings, service, credentials, access)
     except BaseException:
         if own_service:
             service.close()
@@ -176,12 +242,12 @@ def start_server(settings: Settings, *, service: IdentityService | None = None) 
 
 
 def _start(settings: Settings, service: IdentityService,
-           credentials: grpc.ServerCredentials | None) -> RunningServer:
+           credentials: grpc.ServerCredentials | None, access: AccessPolicy) -> RunningServer:
     loop = EventLoopThread()
     handlers = futures.ThreadPoolExecutor(max_workers=settings.max_workers,
                                           thread_name_prefix="rpc")
     try:
-        return loop.run(_serve(settings, service, credentials, loop, handlers))
+        return loop.run(_serve(settings, service, credentials, access, loop, handlers))
     except BaseException:
         loop.close()
         handlers.shutdown(wait=False)
@@ -189,16 +255,16 @@ def _start(settings: Settings, service: IdentityService,
 
 
 async def _serve(settings: Settings, service: IdentityService,
-                 credentials: grpc.ServerCredentials | None, loop: EventLoopThread,
-                 handlers: futures.ThreadPoolExecutor) -> RunningServer:
+                 credentials: grpc.ServerCredentials | None, access: AccessPolicy,
+                 loop: EventLoopThread, handlers: futures.ThreadPoolExecutor) -> RunningServer:
     """Build and start the server on the loop's thread (aio objects belong to their loop)."""
     server = grpc.aio.server(migration_thread_pool=handlers, options=GRPC_OPTIONS)
-    add_identity_service(
-        IdentityServicer(service, admin_token=settings.admin_token, blocking=handlers,
-                         max_followers=max(1, settings.max_workers // 4),
-                         max_imports=max(1, settings.max_workers // 4)),
-        server
-    )
+    metrics = Metrics(service) if settings.metrics_port is not None else None
+    servicer = IdentityServicer(service, access=access, blocking=handlers,
+                                max_followers=max(1, settings.max_workers // 4),
+                                max_imports=max(1, settings.max_workers // 4), metrics=metrics,
+                                max_queued_mentions=settings.max_queued_mentions)
+    add_identity_service(servicer, server)
     # The asyncio servicers: a Watch stream or a reflection stream holds no thread.
     health_servicer = health.aio.HealthServicer()
     add_service(health_servicer, server, health_pb2.DESCRIPTOR.services_by_name["Health"],
@@ -219,12 +285,71 @@ async def _serve(settings: Settings, service: IdentityService,
     if port == 0:
         raise StartupError(f"cannot listen on {listen}: the port is in use, or the address "
                            f"is not one of this machine's")
-    await server.start()
+    metrics_server = None
+    if metrics is not None and settings.metrics_port is not None:
+        metrics_server = metrics.serve(settings.host, settings.metrics_port)
+    try:
+        await server.start()
+    except BaseException:
+        if metrics_server is not None:
+            metrics_server.close()
+        raise
+    if metrics_server is not None:
+        logger.info("metrics on http://%s/metrics", address(settings.host, metrics_server.port))
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    # Kept by the loop until it closes (EventLoopThread.close cancels it).
+    _STORE_WATCHES.add(asyncio.get_running_loop().create_task(
+        _watch_store(health_servicer, service)))
     logger.info("identity server listening on %s (store %s)", address(settings.host, port),
                 service.store.url.split("@")[-1])
-    return RunningServer(server, port, health_servicer, service, loop, handlers)
+    _warn_if_open(settings, access, credentials is not None, address(settings.host, port))
+    return RunningServer(server, port, health_servicer, service, servicer, settings, loop,
+                         handlers, metrics_server)
+
+
+_STORE_WATCHES: set[asyncio.Task[None]] = set()
+
+
+def _store_answers(service: IdentityService) -> None:
+    with service.store.read() as tx:
+        tx.max_seq()
+
+
+async def _watch_store(health_servicer: health.aio.HealthServicer,
+                       service: IdentityService) -> None:
+    """Health tells the truth about the store: NOT_SERVING while it cannot be read, SERVING
+    again once it can. (Once the server is shutting down, health stays NOT_SERVING.) The probe
+    has a thread of its own: calls that fill the blocking pool must not pass for an outage."""
+    serving = True
+    prober = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-probe")
+    try:
+        while True:
+            await asyncio.sleep(STORE_PROBE_S)
+            try:
+                await asyncio.wait_for(on_pool(prober, _store_answers, service),
+                                       STORE_PROBE_TIMEOUT_S)
+                answers, cause = True, ""
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure means the store does not answer
+                answers, cause = False, f"{type(e).__name__}: {e}"
+            if answers == serving:
+                continue
+            serving = answers
+            if answers:
+                logger.warning("the store answers again: health SERVING")
+            else:
+                logger.error("the store does not answer (%s): health NOT_SERVING", cause)
+            status = (health_pb2.HealthCheckResponse.SERVING if answers
+                      else health_pb2.HealthCheckResponse.NOT_SERVING)
+            for name in ("", SERVICE_NAME):
+                await health_servicer.set(name, status)
+    finally:
+        prober.shutdown(wait=False, cancel_futures=True)
+        task = asyncio.current_task()
+        if task is not None:
+            _STORE_WATCHES.discard(task)
 
 
 def address(host: str, port: int) -> str:
@@ -233,24 +358,42 @@ def address(host: str, port: int) -> str:
 
 
 def serve_until_signalled(running: RunningServer, grace: float,
-                          ready: Callable[[], object] = lambda: None) -> None:
-    """Call `ready` once SIGTERM and Ctrl-C are ours (so a supervisor that signals as soon as
-    it is told the port gets a graceful stop), block until one comes, then shut down
-    gracefully."""
+                          ready: Callable[[], object] = lambda: None,
+                          drain: float = 0.0) -> None:
+    """Call `ready` once SIGTERM, Ctrl-C and SIGHUP are ours (so a supervisor that signals as
+    soon as it is told the port gets a graceful stop), block until SIGTERM or Ctrl-C comes,
+    then shut down: after SIGTERM, `drain` seconds of NOT_SERVING health while calls are still
+    taken (load balancers and readiness probes see it and stop sending), then the graceful
+    stop, which lets calls under way finish within `grace`. Ctrl-C skips the drain. SIGHUP
+    reads the tokens again."""
     stop = threading.Event()
+    reload = threading.Event()
+    received: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         logger.info("signal %d: shutting down", signum)
+        received.append(signum)
         stop.set()
+
+    def on_hangup(_signum: int, _frame: FrameType | None) -> None:
+        reload.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     try:
         ready()
         # Waited in slices: a signal that lands on one of gRPC's threads only marks itself
         # pending for the main thread, which runs the handler when it next wakes; an unbounded
         # wait would never wake (seen: a server that ignored SIGTERM under load).
         while not stop.wait(SIGNAL_POLL_S):
-            pass
+            if reload.is_set():
+                reload.clear()
+                running.reload_tokens()
+        if drain > 0 and received and received[0] == signal.SIGTERM:
+            running.stop_serving()
+            logger.info("draining: health NOT_SERVING, calls still taken for %.1f s", drain)
+            stop.clear()
+            stop.wait(drain)  # a second signal ends the drain early
     finally:
         running.stop(grace)

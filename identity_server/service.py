@@ -55,6 +55,8 @@ from identity_server.write_queue import WriteQueue
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# A write group takes queued requests up to this many mentions (at least one request).
+MAX_GROUP_MENTIONS = 5000
 
 
 
@@ -141,7 +143,9 @@ class IdentityService:
         self.store = store
         self.config = config
         self.core = core or selected()  # the per-mention hot loop (see identity_server.core)
-        self.writes: WriteQueue[PreparedBatch, BatchReply] = WriteQueue(self._write_group)
+        self.writes: WriteQueue[PreparedBatch, BatchReply] = WriteQueue(
+            self._write_group, weight=lambda batch: len(batch.parsed),
+            max_group_weight=MAX_GROUP_MENTIONS)
         self._known_papers: dict[str, set[str]] = {}  # papers counted for promotion, by entity
         self._batches_written = 0
         warm_up()

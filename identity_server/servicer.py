@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import itertools
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 from identity_api.v1 import identity_service_pb2 as pb
 
+from identity_server.access import AccessPolicy, Role
 from identity_server.authority import Line, decode_lines, split_lines
 from identity_server.domain import MatchKind, Status
 from identity_server.errors import (
@@ -24,10 +25,13 @@ from identity_server.errors import (
     FailedPrecondition,
     IdentityError,
     InvalidArgument,
+    Overloaded,
+    PermissionDenied,
     StoreUnavailable,
     Unauthenticated,
 )
 from identity_server.loop_work import AsyncResolver, CallEnded, blocking_iterator, on_pool
+from identity_server.metrics import Metrics
 from identity_server.service import (
     BatchReply,
     EntityView,
@@ -46,6 +50,8 @@ STATUS_CODES: dict[type[IdentityError], grpc.StatusCode] = {
     EntityNotFound: grpc.StatusCode.NOT_FOUND,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
 
@@ -66,34 +72,71 @@ _DECISION = {pb.SAME: "same", pb.DISTINCT: "distinct"}
 _FORMAT = {pb.AUTHORITY_FORMAT_JSONL: "jsonl", pb.AUTHORITY_FORMAT_CSV: "csv"}
 _FOLLOW_POLL_S = 0.2
 _INTERNAL = "internal error; the server log has the details"
+# A call's request id: taken from this metadata key (or made), logged with the call and sent
+# back in trailing metadata, so that one paper's calls can be followed through a pipeline.
+REQUEST_ID_KEY = "x-request-id"
+_REQUEST_ID_CHARS = frozenset(range(0x21, 0x7F))
+
+
+def _request_id(context: Context) -> str:
+    """The caller's request id when it is a visible-ASCII one of at most 200 characters (it is
+    logged and sent back); else a new one."""
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_KEY and isinstance(value, str):
+            if 0 < len(value) <= 200 and all(ord(c) in _REQUEST_ID_CHARS for c in value):
+                return value
+            break
+    return uuid.uuid4().hex
+
+
 # Trailing metadata of a ResolveBatch refused for its size: the server's limit, so a client can
 # send the mentions in parts (named in the proto's comments; ingest reads it).
 MAX_BATCH_SIZE_KEY = "identity-max-batch-size"
+# Trailing metadata of a write refused because the server is busy: when to try again (ms).
+RETRY_AFTER_KEY = "retry-after-ms"
 
 
-def _rpc(*, admin: bool = False) -> Callable[[F], F]:
-    """Checks the admin token, maps domain errors to status codes, logs one line per call: at
+def _resolve_role(request: Any) -> Role:
+    """A lookup-only resolve writes nothing: a reader may make it."""
+    return Role.READER if request.lookup_only else Role.WRITER
+
+
+def _rpc(role: Role | Callable[[Any], Role] = Role.READER) -> Callable[[F], F]:
+    """Checks the caller's role, maps domain errors to status codes, logs one line per call: at
     info for admin calls and failed ones, at debug for the rest (at thousands of resolves a
     second, a line each cost a fifth of the server's throughput)."""
 
     def wrap(method: F) -> F:
         name = method.__name__
+        admin = role is Role.ADMIN
 
         @functools.wraps(method)
         async def handler(self: IdentityServicer, request: Any, context: Context) -> Any:
             start = time.perf_counter()
             code, details = grpc.StatusCode.OK, ""
-            trailing: tuple[tuple[str, str], ...] = ()
+            request_id = _request_id(context)
+            trailing: tuple[tuple[str, str], ...] = ((REQUEST_ID_KEY, request_id),)
+            context.set_trailing_metadata(trailing)
             try:
-                if admin:
-                    self._check_admin(context)
+                self._check_role(context, role if isinstance(role, Role) else role(request),
+                                 name)
                 return await method(self, request, context)
             except IdentityError as e:
                 code, details = _status_code(e), str(e)
                 if isinstance(e, BatchTooLarge):
-                    trailing = ((MAX_BATCH_SIZE_KEY, str(e.limit)),)
+                    trailing += ((MAX_BATCH_SIZE_KEY, str(e.limit)),)
+                if isinstance(e, Overloaded):
+                    trailing += ((RETRY_AFTER_KEY, str(e.retry_after_ms)),)
+                if isinstance(e, StoreUnavailable):  # an operator must tell these apart
+                    logger.warning("%s: the store failed: %s", name, e,
+                                   extra={"method": name, "request_id": request_id})
             except asyncio.CancelledError:  # the client went away (cancelled, deadline): no fault
                 code = grpc.StatusCode.CANCELLED
+                if self.stopping:  # or the server's grace period ran out: say which call
+                    logger.warning("%s cancelled: the server stopped before it finished "
+                                   "(request_id=%s, %.1f s in)", name, request_id,
+                                   time.perf_counter() - start,
+                                   extra={"method": name, "request_id": request_id})
                 raise
             except CallEnded:  # the same, noticed while reading its request stream
                 code = grpc.StatusCode.CANCELLED
@@ -104,12 +147,20 @@ def _rpc(*, admin: bool = False) -> Callable[[F], F]:
             except Exception:
                 code, details = grpc.StatusCode.INTERNAL, _INTERNAL
                 logger.exception("%s failed", name)
-            finally:  # logged before the status is sent
+            finally:  # logged and counted before the status is sent
+                if self.metrics is not None:
+                    self.metrics.record_call(name, code.name, time.perf_counter() - start)
                 level = logging.INFO if admin or code is not grpc.StatusCode.OK else logging.DEBUG
                 if logger.isEnabledFor(level):
+                    duration_ms = round((time.perf_counter() - start) * 1e3, 3)
+                    peer = context.peer()
                     logger.log(
-                        level, "rpc method=%s count=%d duration_ms=%.2f code=%s",
-                        name, _count(request), (time.perf_counter() - start) * 1e3, code.name,
+                        level, "rpc method=%s count=%d duration_ms=%.2f peer=%s request_id=%s "
+                        "code=%s", name, _count(request), duration_ms, peer, request_id,
+                        code.name,
+                        extra={"method": name, "code": code.name, "duration_ms": duration_ms,
+                               "peer": peer, "request_id": request_id,
+                               "count": _count(request)},
                     )
             await context.abort(code, details, trailing)
 
@@ -139,13 +190,17 @@ class IdentityServicer:
     (Resolve, or a batch of up to INLINE_BATCH_LIMIT mentions) that finds no lock taken on
     SQLite, cost no thread switch."""
 
-    def __init__(self, service: IdentityService, *, admin_token: str | None,
+    def __init__(self, service: IdentityService, *, access: AccessPolicy,
                  blocking: futures.Executor, max_followers: int = 4,
-                 max_imports: int = 4) -> None:
+                 max_imports: int = 4, metrics: Metrics | None = None,
+                 max_queued_mentions: int = 20_000) -> None:
         self.service = service
-        self.admin_token = admin_token
+        self.metrics = metrics
+        self.stopping = False  # the graceful stop has begun: a call cancelled now is logged
+        self.access = access  # replaced whole when the tokens are read again (SIGHUP)
         self._blocking = blocking
-        self._resolver = AsyncResolver(service, blocking)
+        self._resolver = AsyncResolver(service, blocking,
+                                       max_queued_mentions=max_queued_mentions)
         # Following ListChanges streams each poll the store, and an import holds a pool thread
         # for as long as its client keeps sending: both capped, so followers and imports (or
         # clients that stop reading or sending) can never crowd out other calls.
@@ -157,37 +212,31 @@ class IdentityServicer:
         """work(*args) on the blocking pool (it may wait on locks or the store)."""
         return await on_pool(self._blocking, work, *args)
 
-    def _check_admin(self, context: Context) -> None:
-        if not self.admin_token:
-            raise Unauthenticated(
-                "admin RPCs are disabled: start the server with --admin-token "
-                "(or IDENTITY_ADMIN_TOKEN)"
-            )
-        given = dict(context.invocation_metadata() or ()).get("authorization", "")
-        presented = given.encode() if isinstance(given, str) else given
-        if not presented:
-            raise Unauthenticated("admin RPC needs metadata 'authorization: Bearer <admin token>'")
-        scheme, _, token = presented.partition(b" ")
-        # The scheme is case-insensitive (RFC 9110, 11.1); the token is compared in constant time.
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(
-                token, self.admin_token.encode()):
-            raise Unauthenticated("admin RPC: the 'authorization' metadata is not 'Bearer ' "
-                                  "followed by this server's admin token")
+    def _check_role(self, context: Context, needed: Role, call: str) -> None:
+        access = self.access
+        if needed is Role.ADMIN or access.enforcing:  # else open, as before roles
+            access.check(context.invocation_metadata(), needed, call)
 
-    @_rpc()
+    @_rpc(_resolve_role)
     async def Resolve(self, request: pb.ResolveRequest, context: Context) -> pb.ResolveResponse:
         reply = await self._resolver.resolve(
             request.mention, request.entity_type, context_id=request.context_id,
             lookup_only=request.lookup_only)
         (result,) = reply.results
         assert isinstance(result, ResolveResult)
+        if self.metrics is not None:
+            self.metrics.record_results(reply.results)
         return resolve_response(result)
 
-    @_rpc()
+    @_rpc(_resolve_role)
     async def ResolveBatch(self, request: pb.ResolveBatchRequest,
                            context: Context) -> pb.ResolveBatchResponse:
-        return batch_response(await self._resolver.resolve_batch(
-            request.context_id, _mentions(request), lookup_only=request.lookup_only))
+        reply = await self._resolver.resolve_batch(
+            request.context_id, _mentions(request), lookup_only=request.lookup_only)
+        if self.metrics is not None:
+            self.metrics.batch_items.observe(len(request.mentions))
+            self.metrics.record_results(reply.results)
+        return batch_response(reply)
 
     @_rpc()
     async def GetEntity(self, request: pb.GetEntityRequest,
@@ -197,20 +246,20 @@ class IdentityServicer:
             surface_forms_offset=request.surface_forms_offset))
         return pb.GetEntityResponse(entity=entity_message(view))
 
-    @_rpc(admin=True)
+    @_rpc(Role.ADMIN)
     async def AddAlias(self, request: pb.AddAliasRequest, context: Context) -> pb.AddAliasResponse:
         view = await self._off_loop(functools.partial(
             self.service.add_alias, request.entity_id, request.alias,
             max_surface_forms=_forms_cap(request)))
         return pb.AddAliasResponse(entity=entity_message(view))
 
-    @_rpc(admin=True)
+    @_rpc(Role.ADMIN)
     async def Promote(self, request: pb.PromoteRequest, context: Context) -> pb.PromoteResponse:
         view = await self._off_loop(functools.partial(
             self.service.promote, request.entity_id, max_surface_forms=_forms_cap(request)))
         return pb.PromoteResponse(entity=entity_message(view))
 
-    @_rpc(admin=True)
+    @_rpc(Role.ADMIN)
     async def Merge(self, request: pb.MergeRequest, context: Context) -> pb.MergeResponse:
         view = await self._off_loop(functools.partial(
             self.service.merge, request.source_id, request.target_id,
@@ -231,7 +280,7 @@ class IdentityServicer:
             next_page_token=token,
         )
 
-    @_rpc(admin=True)
+    @_rpc(Role.ADMIN)
     async def SettlePossiblySameAs(self, request: pb.SettlePossiblySameAsRequest,
                                    context: Context) -> pb.SettlePossiblySameAsResponse:
         decision = _DECISION.get(request.decision)
@@ -242,7 +291,7 @@ class IdentityServicer:
             actor=request.actor, reason=request.reason, max_surface_forms=_forms_cap(request)))
         return pb.SettlePossiblySameAsResponse(entity=entity_message(view))
 
-    @_rpc(admin=True)
+    @_rpc(Role.ADMIN)
     async def ImportAuthority(self, request_iterator: AsyncIterator[pb.ImportAuthorityRequest],
                               context: Context) -> pb.ImportAuthorityResponse:
         first = await anext(request_iterator, None)
@@ -265,6 +314,29 @@ class IdentityServicer:
 
     async def ListChanges(self, request: pb.ListChangesRequest,
                           context: Context) -> AsyncIterator[pb.ListChangesResponse]:
+        start, code = time.perf_counter(), grpc.StatusCode.OK
+        try:
+            async for change in self._list_changes(request, context):
+                yield change
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except grpc.aio.AbortError:
+            code = context.code() or grpc.StatusCode.UNKNOWN
+            raise
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.record_call("ListChanges", code.name, time.perf_counter() - start)
+
+    async def _list_changes(self, request: pb.ListChangesRequest,
+                            context: Context) -> AsyncIterator[pb.ListChangesResponse]:
+        try:
+            self._check_role(context, Role.READER, "ListChanges")
+        except IdentityError as e:
+            await context.abort(_status_code(e), str(e))
         if request.after_sequence < 0 or request.limit < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "after_sequence and limit must not be negative")

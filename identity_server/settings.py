@@ -63,8 +63,46 @@ class Settings(BaseSettings):
     admin_token: str | None = Field(
         default=None, description="Bearer token for admin RPCs; unset: admin RPCs are refused.",
     )
+    tokens_file: str | None = Field(
+        default=None,
+        description="File of bearer tokens, one `role token` a line (roles: reader, writer, "
+                    "admin); re-read on SIGHUP. With reader or writer tokens, every call needs "
+                    "a token.",
+    )
+    tokens: str | None = Field(
+        default=None, description="Bearer tokens as `role:token` entries separated by commas.",
+    )
+    token: str | None = Field(
+        default=None,
+        description="Client commands (resolve, entity, links, ...): the bearer token they "
+                    "present to --server.",
+    )
     tls_cert: str | None = Field(default=None, description="PEM certificate file: enables TLS.")
     tls_key: str | None = Field(default=None, description="PEM private key file for TLS.")
+    tls_client_ca: str | None = Field(
+        default=None,
+        description="PEM root certificates of client certificates: with TLS on, every client "
+                    "must present a certificate they signed (mutual TLS).",
+    )
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="Serve Prometheus metrics over HTTP on this port (on --host); unset: off.",
+    )
+    sqlite_synchronous: Literal["normal", "full"] = Field(
+        default="normal",
+        description="SQLite stores: `normal` (an acknowledged write survives the server's crash, "
+                    "not a power loss) or `full` (it survives both: an fsync a commit).",
+    )
+    max_queued_mentions: int = Field(
+        default=20_000, ge=1,
+        description="Mentions of writing calls that may wait unanswered; a writing call beyond "
+                    "them is refused at once (RESOURCE_EXHAUSTED, with retry-after-ms).",
+    )
+    drain_seconds: float = Field(
+        default=5.0, ge=0, allow_inf_nan=False,
+        description="After SIGTERM: seconds of NOT_SERVING health while calls are still taken, "
+                    "so load balancers stop sending new ones, before the graceful stop.",
+    )
     max_workers: int = Field(default=16, ge=1, description="Threads for calls that may wait on the store.")
     grace_seconds: float = Field(default=5.0, ge=0, allow_inf_nan=False,
                                  description="Shutdown grace period.")
@@ -83,10 +121,21 @@ class Settings(BaseSettings):
             raise ValueError("a type name is empty")
         return types
 
-    @field_validator("admin_token")
+    @field_validator("admin_token", "token")
     @classmethod
     def _header_safe(cls, token: str | None) -> str | None:
         return header_safe_token(token)
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens_readable(cls, tokens: str | None) -> str | None:
+        if tokens:
+            from identity_server.access import TokensError, parse_tokens_variable
+            try:
+                parse_tokens_variable(tokens)
+            except TokensError as e:
+                raise ValueError(str(e)) from None
+        return tokens
 
 
 _SECRET = re.compile("token|password|secret")

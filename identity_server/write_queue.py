@@ -29,8 +29,14 @@ GroupWrite = Callable[..., Sequence[R]]
 class WriteQueue(Generic[J, R]):
     """Group commit over `write_group`, one group at a time."""
 
-    def __init__(self, write_group: GroupWrite[R]) -> None:
+    def __init__(self, write_group: GroupWrite[R], *, weight: Callable[[J], int] = lambda _: 1,
+                 max_group_weight: int | None = None) -> None:
         self._write_group = write_group
+        # A group stops growing at this weight (at least one job): large requests queued
+        # together commit one after another, each answered as it is done, instead of all in
+        # one long transaction that ends, or is cut off by a deadline, for all of them at once.
+        self._weight = weight
+        self._max_group_weight = max_group_weight
         self._lock = threading.Lock()
         self._queued: list[tuple[J, Future[R]]] = []
         self._writing = False  # a group is being written (by a submitter or the writer thread)
@@ -83,8 +89,9 @@ class WriteQueue(Generic[J, R]):
         error goes to each of them). With wait=False a WouldBlock leaves the group queued,
         untouched, and is raised."""
         with self._lock:
-            taken = self._queued
-            self._queued = []
+            cut = self._group_end()
+            taken = self._queued[:cut]
+            del self._queued[:cut]
         group = [(job, f) for job, f in taken if _claimed(f)]
         if not group:
             return
@@ -104,6 +111,17 @@ class WriteQueue(Generic[J, R]):
             return
         for (_, future), result in zip(group, results, strict=True):
             future.set_result(result)
+
+    def _group_end(self) -> int:
+        """How many of the queued jobs the next group takes (called under the lock)."""
+        if self._max_group_weight is None:
+            return len(self._queued)
+        total = 0
+        for i, (job, _) in enumerate(self._queued):
+            total += self._weight(job)
+            if total > self._max_group_weight and i > 0:
+                return i
+        return len(self._queued)
 
     def _pass_on(self) -> None:
         """After a group: the next one, queued meanwhile, goes to the writer thread."""

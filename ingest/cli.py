@@ -5,7 +5,7 @@ an embedded identity server in-process (SQLite in the working directory). Where 
 ``identity_server``: here, lazily, the embedded server and the settings checks the two commands
 share (``identity_server.settings``); here and in ``ingest.settings``, the command-line parsing
 and checks they share (``identity_server.command_line``, which imports nothing of the
-server's).
+server's), and in ``ingest.worker`` its logging set-up.
 
 Exit codes: 0 the job ran (even if some items were rejected: see the summary); 1 the job could not
 run (server unreachable for the whole retry budget, database locked, input missing); 2 bad usage.
@@ -27,9 +27,13 @@ import grpc
 
 from identity_server.command_line import (
     add_command,
+    add_log_format_option,
     command_parser,
     configure_logging,
+    json_logs,
+    log_format,
     parse_command_line,
+    tell,
     whole_number,
 )
 from ingest.client import IdentityClient, IdentityError, RetryPolicy
@@ -50,6 +54,7 @@ from ingest.vocabulary import VocabularyError, default_vocabulary, load_vocabula
 from ingest.worker import JobWorker, WorkerFailed
 
 logger = logging.getLogger(__name__)
+_progress_log = logging.getLogger("ingest.progress")
 
 
 @contextmanager
@@ -107,8 +112,18 @@ def _client(settings: Settings, address: str) -> IdentityClient:
         policy=RetryPolicy(deadline_seconds=settings.deadline_seconds,
                            budget_seconds=settings.retry_budget_seconds),
         admin_token=settings.admin_token,
+        token=_bearer_token(settings),
         credentials=_tls_credentials(settings),
     )
+
+
+def _bearer_token(settings: Settings) -> str | None:
+    """INGEST_TOKEN, else the first line of INGEST_TOKEN_FILE: a server with roles needs a
+    writer token."""
+    try:
+        return settings.bearer_token()
+    except ValueError as e:
+        raise JobError(str(e)) from e
 
 
 def _store_name(settings: Settings) -> str:
@@ -148,6 +163,10 @@ def _progress(settings: Settings, total: int | None) -> tuple[Callable[[int], ob
             return None
 
         return ignore, None
+    if json_logs():  # no bar among JSON lines: a log record now and then, as for a log
+        # Shown whatever -v says, as the plain lines are (they are not the job's log).
+        _progress_log.setLevel(logging.INFO)
+        return _LogProgress(total, LOG_PROGRESS_EVERY_S).update, None
     if not sys.stderr.isatty():  # a log, not a terminal: a plain line now and then
         return _LogProgress(total, LOG_PROGRESS_EVERY_S).update, None
     from tqdm import tqdm
@@ -161,7 +180,8 @@ LOG_PROGRESS_EVERY_S = 30.0
 
 
 class _LogProgress:
-    """Progress for a job whose stderr is a file or a pipe: one line every `every_s` seconds."""
+    """Progress for a job whose stderr is a file or a pipe: one line every `every_s` seconds
+    (with JSON logs, a record of the logger ingest.progress)."""
 
     def __init__(self, total: int | None, every_s: float) -> None:
         self._total = total
@@ -178,6 +198,11 @@ class _LogProgress:
         self._next = now + self._every_s
         of = f" of {self._total:,}" if self._total is not None else ""
         rate = self._done / (now - self._started)
+        if json_logs():
+            _progress_log.info("%s lines done (%s/s)", f"{self._done:,}{of}", f"{rate:,.0f}",
+                               extra={"lines_done": self._done, "lines_total": self._total,
+                                      "lines_per_s": round(rate, 1)})
+            return
         sys.stderr.write(f"ingest: {self._done:,}{of} lines done ({rate:,.0f}/s)\n")
         sys.stderr.flush()
 
@@ -220,7 +245,8 @@ def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
     with ExitStack() as stack:
         # The graph opens first: one that cannot open fails before a server is started.
         sink = stack.enter_context(GraphSink(settings.db))
-        worker = (stack.enter_context(JobWorker(_job, job_args, log_level=logging.root.level))
+        worker = (stack.enter_context(JobWorker(_job, job_args, log_level=logging.root.level,
+                                                log_format=log_format()))
                   if _in_worker(settings, files) else None)
         address = stack.enter_context(identity_server_address(settings))
         client = stack.enter_context(_client(settings, address))
@@ -339,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ingest papers' extraction output into a DuckDB graph of resolved ids.")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (-v info, -vv debug)")
+    add_log_format_option(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -374,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse_command_line(parser, argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    configure_logging(level)
+    configure_logging(level, args.log_format)
     from identity_server.settings import unknown_environment
 
     for warning in unknown_environment(Settings):
@@ -398,10 +425,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_stats(settings, args.top)
     except (JobError, SinkError, InputError, VocabularyError, IdentityError, WorkerFailed) as e:
         logger.debug("job failed", exc_info=True)
-        sys.stderr.write(f"ingest: error: {e}\n")
+        tell(logger, logging.ERROR, f"{e}", prefix="ingest: error: ")
         return 1
     except KeyboardInterrupt:
-        sys.stderr.write("ingest: interrupted; rerun the same command to continue\n")
+        tell(logger, logging.WARNING, "interrupted; rerun the same command to continue",
+             prefix="ingest: ")
         return 130
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Self, TypeVar
+from urllib.parse import quote
 
 import grpc
 from identity_api.v1 import identity_service_pb2 as pb
@@ -51,6 +52,8 @@ RETRY_WARNING_EVERY_S = 10.0  # at most one retry warning per client in this lon
 # Trailing metadata of a ResolveBatch the server refused for its size: the server's limit (see
 # the proto's comments).
 MAX_BATCH_SIZE_KEY = "identity-max-batch-size"
+# Trailing metadata of a write a busy server refused: when to call again, in ms.
+RETRY_AFTER_KEY = "retry-after-ms"
 
 
 class IdentityError(Exception):
@@ -178,6 +181,20 @@ def _batch_limit(error: grpc.RpcError) -> int | None:
     return None
 
 
+def _retry_after_s(error: grpc.RpcError) -> float | None:
+    """When a busy server asks to be called again (RESOURCE_EXHAUSTED with `retry-after-ms`):
+    that many seconds; None for any other refusal."""
+    if not isinstance(error, grpc.Call) or error.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key == RETRY_AFTER_KEY:
+            try:
+                return max(0.0, int(value) / 1000)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
 def _renumbered(outcome: Resolution | ItemFailure, offset: int,
                 index: int) -> Resolution | ItemFailure:
     """A part's refused item named by its place in the whole batch ("mention 2: ..." of a part
@@ -198,6 +215,12 @@ def _code_name(code: int) -> str:
     return str(code)
 
 
+def request_id_of(context_id: str) -> str:
+    """The request id of a paper's calls: `paper:` and its id, percent-encoded (metadata values
+    are ASCII) and capped."""
+    return "paper:" + quote(context_id, safe="")[:200]
+
+
 class IdentityClient:
     """A blocking client of IdentityService, safe to share between threads."""
 
@@ -207,12 +230,14 @@ class IdentityClient:
         *,
         policy: RetryPolicy | None = None,
         admin_token: str | None = None,
+        token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.target = target
         self.policy = policy or RetryPolicy()
         self._admin_token = admin_token
+        self._token = token  # presented on every call (a server with roles needs one)
         self._tls = credentials is not None
         self._sleep = sleep
         options = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -258,10 +283,14 @@ class IdentityClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _metadata(self, admin: bool) -> tuple[tuple[str, str], ...] | None:
-        if admin and self._admin_token:
-            return (("authorization", f"Bearer {self._admin_token}"),)
-        return None
+    def _metadata(self, admin: bool, context_id: str = "") -> tuple[tuple[str, str], ...] | None:
+        """The token (the admin token for admin calls, when given), and for a paper's calls a
+        request id naming the paper, so that its calls can be found in the server's log."""
+        token = self._admin_token if admin and self._admin_token else self._token
+        metadata = [("authorization", f"Bearer {token}")] if token else []
+        if context_id:
+            metadata.append(("x-request-id", request_id_of(context_id)))
+        return tuple(metadata) or None
 
     def _retryable(self, code: grpc.StatusCode) -> bool:
         """Whether a call that failed with `code` is worth trying again (see the module doc)."""
@@ -283,13 +312,14 @@ class IdentityClient:
             except grpc.RpcError as e:
                 code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
                 details = (e.details() if isinstance(e, grpc.Call) else str(e)) or ""
-                if not self._retryable(code):
+                busy_for = _retry_after_s(e)  # a busy server: come back later
+                if not self._retryable(code) and busy_for is None:
                     logger.info("rpc=%s count=%d status=%s attempt=%d duration=%.4fs",
                                 method, count, code.name, attempt, time.monotonic() - started)
                     raise IdentityError(method, code.name, details,
                                         batch_limit=_batch_limit(e)) from e
-                self._sleep(self._pause_before_retry(
-                    e, method, code.name, details, attempt, backoff, f"count={count}"))
+                self._sleep(max(busy_for or 0.0, self._pause_before_retry(
+                    e, method, code.name, details, attempt, backoff, f"count={count}")))
                 backoff = min(backoff * 2, policy.max_backoff)
                 continue
             self._outage_since = None
@@ -334,7 +364,9 @@ class IdentityClient:
     ) -> Resolution:
         request = pb.ResolveRequest(mention=mention, entity_type=entity_type,
                                     context_id=context_id, lookup_only=lookup_only)
-        reply = self._call("Resolve", lambda t: self._stub.Resolve(request, timeout=t))
+        metadata = self._metadata(admin=False, context_id=context_id)
+        reply = self._call("Resolve", lambda t: self._stub.Resolve(request, timeout=t,
+                                                                   metadata=metadata))
         return _resolution(reply)
 
     def resolve_batch(
@@ -347,9 +379,11 @@ class IdentityClient:
             mentions=[pb.Mention(mention=text, entity_type=etype) for text, etype in mentions],
             lookup_only=lookup_only,
         )
+        metadata = self._metadata(admin=False, context_id=context_id)
         try:
             reply = self._call("ResolveBatch",
-                               lambda t: self._stub.ResolveBatch(request, timeout=t),
+                               lambda t: self._stub.ResolveBatch(request, timeout=t,
+                                                                 metadata=metadata),
                                count=len(mentions))
         except IdentityError as e:
             if e.batch_limit is None or e.batch_limit >= len(mentions):
@@ -391,7 +425,8 @@ class IdentityClient:
 
     def get_entity(self, entity_id: str) -> EntityInfo:
         request = pb.GetEntityRequest(entity_id=entity_id)
-        reply = self._call("GetEntity", lambda t: self._stub.GetEntity(request, timeout=t))
+        reply = self._call("GetEntity", lambda t: self._stub.GetEntity(
+            request, timeout=t, metadata=self._metadata(admin=False)))
         return _entity(reply.entity)
 
     def merge(self, source_id: str, target_id: str) -> EntityInfo:
@@ -415,7 +450,8 @@ class IdentityClient:
             request = pb.ListChangesRequest(after_sequence=last, follow=False, limit=left)
             try:
                 for reply in self._stub.ListChanges(request,
-                                                    timeout=self.policy.deadline_seconds * 6):
+                                                    timeout=self.policy.deadline_seconds * 6,
+                                                    metadata=self._metadata(admin=False)):
                     c = reply.change
                     last = c.sequence
                     self._outage_since = None
@@ -426,7 +462,8 @@ class IdentityClient:
             except grpc.RpcError as e:
                 code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
                 details = (e.details() if isinstance(e, grpc.Call) else str(e)) or ""
-                if not self._retryable(code):
+                busy_for = _retry_after_s(e)  # a busy server: come back later
+                if not self._retryable(code) and busy_for is None:
                     raise IdentityError("ListChanges", code.name, details) from e
                 self._sleep(self._pause_before_retry(
                     e, "ListChanges", code.name, details, attempt, backoff, f"after={last}"))
@@ -434,7 +471,8 @@ class IdentityClient:
 
     def _list_links(self, request: pb.ListPossiblySameAsRequest) -> pb.ListPossiblySameAsResponse:
         reply: pb.ListPossiblySameAsResponse = self._call(
-            "ListPossiblySameAs", lambda t: self._stub.ListPossiblySameAs(request, timeout=t))
+            "ListPossiblySameAs", lambda t: self._stub.ListPossiblySameAs(
+                request, timeout=t, metadata=self._metadata(admin=False)))
         return reply
 
     def list_possibly_same_as(self, entity_id: str = "") -> list[Link]:

@@ -30,6 +30,14 @@ class Settings(BaseSettings):
         description="Identity store of the embedded server (SQLite in the working directory).",
     )
     admin_token: str | None = Field(default=None, description="Bearer token for admin RPCs.")
+    token: str | None = Field(
+        default=None,
+        description="Bearer token presented on every call to --server (a server with roles "
+                    "needs a writer token); prefer INGEST_TOKEN_FILE.",
+    )
+    token_file: Path | None = Field(
+        default=None, description="File holding the bearer token (its first line).",
+    )
     tls_ca: Path | None = Field(
         default=None,
         description="PEM root certificates: talk TLS to --server (a server run with --tls-cert).",
@@ -56,10 +64,20 @@ class Settings(BaseSettings):
     group_papers: int = Field(default=500, ge=1, description="Papers per write transaction.")
     progress: bool = Field(default=True, description="Show a progress bar on stderr.")
 
-    @field_validator("admin_token")
+    @field_validator("admin_token", "token")
     @classmethod
     def _header_safe(cls, token: str | None) -> str | None:
         return header_safe_token(token)
+
+    def bearer_token(self) -> str | None:
+        """The token to present: INGEST_TOKEN, else the first line of the token file."""
+        if self.token or self.token_file is None:
+            return self.token
+        try:
+            lines = self.token_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read the token file {self.token_file}: {e}") from e
+        return header_safe_token(lines[0].strip()) if lines and lines[0].strip() else None
 
     @field_validator("server")
     @classmethod

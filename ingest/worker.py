@@ -27,6 +27,7 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any, Protocol, Self
 
+from identity_server.command_line import configure_logging
 from ingest.client import BatchOutcome, IdentityError, ServerUnavailable
 from ingest.pipeline import (
     Earlier,
@@ -192,10 +193,10 @@ def _rebuild_error(unavailable: bool, method: str, code: str, message: str,
     return cls(method, code, message, batch_limit=batch_limit)
 
 
-def _worker_main(conn: Connection, log_level: int, target: Callable[..., Any],
+def _worker_main(conn: Connection, log_level: int, log_format: str, target: Callable[..., Any],
                  args: tuple[Any, ...]) -> None:
     """The worker process: wait for the go, run ``target(resolver, *args)``, report its end."""
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(log_level, log_format)  # its lines as the job's process writes them
     try:
         go = _recv(conn)
     except (EOFError, OSError, KeyboardInterrupt):
@@ -231,11 +232,11 @@ class JobWorker:
     runs ``target(resolver, *args)`` once ``run`` is called, its calls answered by ``answerer``."""
 
     def __init__(self, target: Callable[..., Any], args: tuple[Any, ...], *,
-                 log_level: int) -> None:
+                 log_level: int, log_format: str = "text") -> None:
         context = multiprocessing.get_context("spawn")  # never fork a process running gRPC
         self._conn, theirs = context.Pipe()
         self._process = context.Process(target=_worker_main, name="ingest-job", daemon=True,
-                                        args=(theirs, log_level, target, args))
+                                        args=(theirs, log_level, log_format, target, args))
         self._process.start()
         theirs.close()
         self._send_lock = threading.Lock()

@@ -2,6 +2,8 @@
 and `write()` hand out transactions (`Tx`). What both backends share is in `base`; what differs
 lives in `sqlite` and `postgres`."""
 
+from typing import Any
+
 from identity_server.domain import RETIRED, NameRow  # stored names: the domain's own rows
 from identity_server.store.base import (
     ChangeRecord,
@@ -14,9 +16,10 @@ from identity_server.store.base import (
 )
 
 
-def open_store(url: str, **options: float) -> SqlStore:
+def open_store(url: str, **options: Any) -> SqlStore:
     """The store at `url` (sqlite:///FILE or postgresql+psycopg://...), its tables created.
-    Options are the backend's keyword arguments (busy_timeout_s; SQLite: checkpoint_every_s)."""
+    Options are the backend's keyword arguments (busy_timeout_s; SQLite: checkpoint_every_s,
+    synchronous)."""
     return backend_for(url)(url, **options)
 
 

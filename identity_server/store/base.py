@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, cast
@@ -87,7 +87,7 @@ class SqlStore:
 
     is_sqlite: ClassVar[bool]
 
-    def __new__(cls, url: str, **options: float) -> Self:
+    def __new__(cls, url: str, **options: Any) -> Self:
         backend = backend_for(url) if cls is SqlStore else cls
         return cast(Self, super().__new__(backend))  # a subclass's instance: still a Self
 
@@ -96,6 +96,8 @@ class SqlStore:
         self.url = url
         self._busy_timeout_s = busy_timeout_s
         self._closing = False
+        # Told how long each write waited for the store's write lock (the metrics' histogram).
+        self.lock_wait_observer: Callable[[float], None] | None = None
         try:
             self.engine: Engine = self._create_engine()
             t.metadata.create_all(self.engine)
@@ -123,6 +125,11 @@ class SqlStore:
     def _write_transaction(self, wait: bool) -> Iterator[Tx]:
         """A generator yielding one committed-on-success write transaction (see write())."""
         raise NotImplementedError
+
+    def _observe_lock_wait(self, seconds: float) -> None:
+        observer = self.lock_wait_observer
+        if observer is not None:
+            observer(seconds)
 
     def _end_writes(self) -> bool:
         """Stop writes waiting for the lock and give those under way CLOSE_WAIT_S to finish;
@@ -542,6 +549,11 @@ class Tx:
             )
         )
         return [LinkRow(r.a, r.b, r.state, r.created_seq) for r in rows]
+
+    def count_open_links(self) -> int:
+        """possibly_same_as links awaiting a curator (by the (state, created_seq) index)."""
+        return int(self.conn.scalar(
+            select(func.count()).select_from(t.links).where(t.links.c.state == "open")) or 0)
 
     def open_links(self, *, entity_id: str | None, after: tuple[int, str, str] | None,
                    limit: int) -> list[LinkRow]:

@@ -89,8 +89,10 @@ class PostgresStore(SqlStore):
         with self._writes_done:
             self._writes += 1
         try:
+            started = time.perf_counter()
             with self.engine.connect() as conn, conn.begin():
                 self._lock(conn)
+                self._observe_lock_wait(time.perf_counter() - started)
                 yield Tx(conn, False)
         finally:
             with self._writes_done:

@@ -43,7 +43,10 @@ class SqliteStore(SqlStore):
     is_sqlite = True
 
     def __init__(self, url: str, *, busy_timeout_s: float = 60.0,
-                 checkpoint_every_s: float = 1.0) -> None:
+                 checkpoint_every_s: float = 1.0, synchronous: str = "normal") -> None:
+        if synchronous.lower() not in ("normal", "full"):
+            raise ValueError(f"synchronous={synchronous!r}: expected normal or full")
+        self._synchronous = synchronous.upper()
         self._checkpoint_every_s = checkpoint_every_s
         self._database: str | None = None
         self._watch: sqlite3.Connection | None = None
@@ -72,7 +75,8 @@ class SqliteStore(SqlStore):
             self.url,
             connect_args={"timeout": self._busy_timeout_s, "check_same_thread": False},
         )
-        _configure_sqlite(engine, checkpoint_in_background=database is not None)
+        _configure_sqlite(engine, checkpoint_in_background=database is not None,
+                          synchronous=self._synchronous)
         return engine
 
     def _start(self) -> None:
@@ -148,6 +152,7 @@ class SqliteStore(SqlStore):
     def _write_transaction(self, wait: bool) -> Iterator[Tx]:
         if self._closing:
             raise StoreUnavailable("the identity store is closing")
+        started = time.perf_counter()
         if not self._writer_lock.acquire(blocking=wait):
             raise WouldBlock("this process's other writer holds the write connection")
         try:
@@ -158,6 +163,7 @@ class SqliteStore(SqlStore):
                 self._begin_waiting(conn, driver)
             else:
                 self._begin_at_once(conn, driver)
+            self._observe_lock_wait(time.perf_counter() - started)
             header = self._wal_header
             try:
                 before = header.read() if header is not None else None
@@ -263,16 +269,19 @@ def _side_connection(database: str) -> sqlite3.Connection:
     return sqlite3.connect(database, check_same_thread=False, isolation_level=None)
 
 
-def _configure_sqlite(engine: Engine, *, checkpoint_in_background: bool) -> None:
+def _configure_sqlite(engine: Engine, *, checkpoint_in_background: bool,
+                      synchronous: str = "NORMAL") -> None:
     """WAL, a busy timeout, and transactions we begin ourselves (IMMEDIATE for writers); with
-    a background checkpointer, no checkpoint inside a commit."""
+    a background checkpointer, no checkpoint inside a commit. synchronous NORMAL: a commit
+    survives the process's crash, not the machine's power loss; FULL: both (an fsync a
+    commit)."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # let the "begin" hook below issue BEGIN
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute(f"PRAGMA synchronous={synchronous}")
         cur.execute("PRAGMA foreign_keys=ON")
         if checkpoint_in_background:
             cur.execute("PRAGMA wal_autocheckpoint=0")

@@ -81,8 +81,11 @@ AUTHORITY = "\n".join([
 
 
 def _env() -> dict[str, str]:
-    """The test's environment without IDENTITY_* settings, so only the flags given count."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_")}
+    """The test's environment without IDENTITY_* settings, so only the flags given count, and
+    without the drain after SIGTERM (tests of the drain set it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_")}
+    env["IDENTITY_DRAIN_SECONDS"] = "0"
+    return env
 
 
 # -- health and reflection ----------------------------------------------------------------------

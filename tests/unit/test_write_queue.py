@@ -130,3 +130,21 @@ def test_close_fails_a_job_whose_window_never_ended() -> None:
     queue.close()
     with pytest.raises(RuntimeError, match="closed"):
         future.result(timeout=0)
+
+
+def test_a_group_stops_growing_at_its_weight_and_the_rest_follow_in_order() -> None:
+    """Large requests queued together commit one group after another (each answered as its
+    group is done), never all in one transaction; one heavier than the cap goes alone."""
+    recorder = Recorder()
+    recorder.gate.clear()
+    queue: WriteQueue[str, str] = WriteQueue(recorder, weight=len, max_group_weight=4)
+    first = threading.Thread(target=queue.submit, args=("x",))
+    first.start()
+    assert recorder.entered.wait(10)
+    later = [queue.submit(job, may_wait=False) for job in ("aa", "bb", "c", "dddddd", "e")]
+    recorder.gate.set()
+    first.join(10)
+    assert [f.result(timeout=10) for f in later] == [f"done {j}" for j in
+                                                     ("aa", "bb", "c", "dddddd", "e")]
+    assert recorder.groups == [["x"], ["aa", "bb"], ["c"], ["dddddd"], ["e"]]
+    queue.close()
