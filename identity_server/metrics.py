@@ -34,6 +34,9 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 LOCK_BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
                 30.0)
 BATCH_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+SERVICE = "identity.v1.IdentityService"
+UNARY = "unary"
+_TYPES = {"ListChanges": "server_stream", "ImportAuthority": "client_stream"}
 
 
 class Metrics:
@@ -42,10 +45,16 @@ class Metrics:
     def __init__(self, service: IdentityService) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.calls = Counter("identity_grpc_calls", "IdentityService calls handled, by method "
-                             "and status code.", ["method", "code"], registry=r)
-        self.latency = Histogram("identity_grpc_call_duration_seconds",
-                                 "Time from a call's start to its reply, by method.", ["method"],
+        # The gRPC calls under the names and labels of the grpc-ecosystem's Prometheus
+        # interceptors (go-grpc-prometheus, py-grpc-prometheus), which dashboards expect.
+        self.started = Counter("grpc_server_started", "RPCs started on the server.",
+                               ["grpc_service", "grpc_method", "grpc_type"], registry=r)
+        self.calls = Counter("grpc_server_handled", "RPCs completed on the server, by status "
+                             "code.", ["grpc_service", "grpc_method", "grpc_type", "grpc_code"],
+                             registry=r)
+        self.latency = Histogram("grpc_server_handling_seconds",
+                                 "Time from an RPC's start to its reply.",
+                                 ["grpc_service", "grpc_method", "grpc_type"],
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.batch_items = Histogram("identity_resolve_batch_items",
                                      "Mentions a ResolveBatch carries.", buckets=BATCH_BUCKETS,
@@ -61,9 +70,13 @@ class Metrics:
         r.register(_StoreCollector(service))
         service.store.lock_wait_observer = self.lock_wait.observe
 
+    def record_start(self, method: str) -> None:
+        self.started.labels(SERVICE, method, _TYPES.get(method, UNARY)).inc()
+
     def record_call(self, method: str, code: str, seconds: float) -> None:
-        self.calls.labels(method, code).inc()
-        self.latency.labels(method).observe(seconds)
+        kind = _TYPES.get(method, UNARY)
+        self.calls.labels(SERVICE, method, kind, code).inc()
+        self.latency.labels(SERVICE, method, kind).observe(seconds)
 
     def record_results(self, results: Iterable[ResolveResult | ItemError]) -> None:
         """Outcomes of one reply's mentions, added a kind at a time."""

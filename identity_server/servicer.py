@@ -115,6 +115,8 @@ def _rpc(role: Role | Callable[[Any], Role] = Role.READER) -> Callable[[F], F]:
             start = time.perf_counter()
             code, details = grpc.StatusCode.OK, ""
             request_id = _request_id(context)
+            if self.metrics is not None:
+                self.metrics.record_start(name)
             trailing: tuple[tuple[str, str], ...] = ((REQUEST_ID_KEY, request_id),)
             context.set_trailing_metadata(trailing)
             try:
@@ -315,6 +317,8 @@ class IdentityServicer:
     async def ListChanges(self, request: pb.ListChangesRequest,
                           context: Context) -> AsyncIterator[pb.ListChangesResponse]:
         start, code = time.perf_counter(), grpc.StatusCode.OK
+        if self.metrics is not None:
+            self.metrics.record_start("ListChanges")
         try:
             async for change in self._list_changes(request, context):
                 yield change

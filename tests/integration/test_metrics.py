@@ -66,12 +66,23 @@ def test_counters_move_by_exactly_the_calls_made(measured: RunningServer) -> Non
     def moved(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    calls = "identity_grpc_calls_total"
-    assert moved(calls, method="Resolve", code="OK") == 3
-    assert moved(calls, method="ResolveBatch", code="OK") == 1
-    assert moved(calls, method="GetEntity", code="NOT_FOUND") == 1
-    assert moved(calls, method="ListChanges", code="OK") == 1
-    assert moved("identity_grpc_call_duration_seconds_count", method="Resolve") == 3
+    service = {"grpc_service": "identity.v1.IdentityService"}
+
+    def handled(method: str, code: str, kind: str = "unary") -> float:
+        return moved("grpc_server_handled_total", grpc_method=method, grpc_code=code,
+                     grpc_type=kind, **service)
+
+    assert handled("Resolve", "OK") == 3
+    assert handled("ResolveBatch", "OK") == 1
+    assert handled("GetEntity", "NOT_FOUND") == 1
+    assert handled("ListChanges", "OK", "server_stream") == 1
+    assert moved("grpc_server_started_total", grpc_method="Resolve", grpc_type="unary",
+                 **service) == 3
+    assert moved("grpc_server_handling_seconds_count", grpc_method="Resolve",
+                 grpc_type="unary", **service) == 3
+    every = sum(v for (name, _), v in after.items() if name == "grpc_server_handled_total")
+    assert every - sum(v for (name, _), v in before.items()
+                       if name == "grpc_server_handled_total") == 6  # and no other call
     assert moved("identity_resolve_batch_items_count") == 1
     assert moved("identity_resolve_batch_items_sum") == 3
     outcomes = "identity_resolve_outcomes_total"
