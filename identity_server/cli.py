@@ -118,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
                        "signed (mutual TLS)")
     serve.add_argument("--metrics-port", type=int,
                        help="serve Prometheus metrics over HTTP on this port (default: off)")
+    serve.add_argument("--reconcile-port", type=int,
+                       help="serve the W3C Reconciliation API (OpenRefine) over HTTP on this "
+                       "port, at /reconcile (default: off)")
     serve.set_defaults(run=_serve)
 
     imp = add_command(sub, "import", help="import an authority file (JSON Lines or CSV) into a "
@@ -201,7 +204,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args, "db_url", "host", "port", "admin_token", "strict_types",
                          "promote_after_papers", "tls_cert", "tls_key", "tokens_file",
-                         "tls_client_ca", "metrics_port")
+                         "tls_client_ca", "metrics_port", "reconcile_port")
     running = start_server(settings)
     serve_until_signalled(running, settings.grace_seconds, ready=lambda: print(
         f"listening on {address(settings.host, running.port)}", flush=True),

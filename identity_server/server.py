@@ -25,6 +25,7 @@ from identity_server.errors import StartupError
 from identity_server.handlers import SERVICE, add_identity_service, add_service
 from identity_server.loop_work import on_pool
 from identity_server.metrics import Metrics, MetricsServer
+from identity_server.reconcile import Reconciler, ReconcileServer, build_app
 from identity_server.service import IdentityService, ServiceConfig
 from identity_server.servicer import IdentityServicer
 from identity_server.settings import MAX_MESSAGE_BYTES, Settings
@@ -107,6 +108,7 @@ class RunningServer:
     _loop: EventLoopThread
     _handlers: futures.ThreadPoolExecutor
     metrics_server: MetricsServer | None = None
+    reconcile_server: ReconcileServer | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -141,6 +143,8 @@ class RunningServer:
         self._handlers.shutdown(wait=False, cancel_futures=True)
         if self.metrics_server is not None:
             self.metrics_server.close()
+        if self.reconcile_server is not None:
+            self.reconcile_server.close()
         self.service.close()
         logger.info("server on port %d stopped", self.port)
 
@@ -304,8 +308,21 @@ async def _serve(settings: Settings, service: IdentityService,
     logger.info("identity server listening on %s (store %s)", address(settings.host, port),
                 service.store.url.split("@")[-1])
     _warn_if_open(settings, access, credentials is not None, address(settings.host, port))
-    return RunningServer(server, port, health_servicer, service, servicer, settings, loop,
-                         handlers, metrics_server)
+    running = RunningServer(server, port, health_servicer, service, servicer, settings, loop,
+                            handlers, metrics_server)
+    if settings.reconcile_port is not None:
+        try:
+            running.reconcile_server = ReconcileServer(
+                build_app(Reconciler(service, lambda: servicer.access)), settings.host,
+                settings.reconcile_port)
+        except BaseException:
+            await server.stop(0)
+            if metrics_server is not None:
+                metrics_server.close()
+            raise
+        logger.info("reconciliation (OpenRefine) at http://%s/reconcile",
+                    address(settings.host, running.reconcile_server.port))
+    return running
 
 
 _STORE_WATCHES: set[asyncio.Task[None]] = set()

@@ -78,6 +78,11 @@ REQUEST_ID_KEY = "x-request-id"
 _REQUEST_ID_CHARS = frozenset(range(0x21, 0x7F))
 
 
+# Made ids: this process's random prefix and a count, unique without a system call per call.
+_ID_PREFIX = uuid.uuid4().hex[:12]
+_next_id = itertools.count(1).__next__
+
+
 def _request_id(context: Context) -> str:
     """The caller's request id when it is a visible-ASCII one of at most 200 characters (it is
     logged and sent back); else a new one."""
@@ -86,7 +91,7 @@ def _request_id(context: Context) -> str:
             if 0 < len(value) <= 200 and all(ord(c) in _REQUEST_ID_CHARS for c in value):
                 return value
             break
-    return uuid.uuid4().hex
+    return f"{_ID_PREFIX}-{_next_id():x}"
 
 
 # Trailing metadata of a ResolveBatch refused for its size: the server's limit, so a client can

@@ -98,6 +98,11 @@ class Settings(BaseSettings):
         description="Mentions of writing calls that may wait unanswered; a writing call beyond "
                     "them is refused at once (RESOURCE_EXHAUSTED, with retry-after-ms).",
     )
+    reconcile_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="Serve the W3C Reconciliation API (OpenRefine) over HTTP on this port, at "
+                    "/reconcile (on --host); unset: off.",
+    )
     drain_seconds: float = Field(
         default=5.0, ge=0, allow_inf_nan=False,
         description="After SIGTERM: seconds of NOT_SERVING health while calls are still taken, "

@@ -31,7 +31,7 @@ def test_the_request_id_comes_back_and_is_logged(server: RunningServer,
         assert _trailing_id(call) == "paper:W42"
         _, made = stub.Resolve.with_call(pb.ResolveRequest(mention="Ada", entity_type="person"),
                                          timeout=T)
-        assert re.fullmatch(r"[0-9a-f]{32}", _trailing_id(made))
+        assert re.fullmatch(r"[0-9a-f]{12}-[0-9a-f]+", _trailing_id(made))
         with pytest.raises(grpc.RpcError) as failed:  # a failed call names its id too
             stub.GetEntity(pb.GetEntityRequest(entity_id="nope"), timeout=T,
                            metadata=(("x-request-id", "paper:W43"),))
