@@ -5,7 +5,6 @@ group-commit window (`GroupWindow`)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import threading
 import time
@@ -107,16 +106,22 @@ class AsyncResolver:
                                           lookup_only=lookup_only)
         if lookup_only:
             return await self._reply(batch)
-        with self._writes.admit(1):
+        self._writes.admit(1)
+        try:
             return await self._reply(batch)
+        finally:
+            self._writes.release(1)
 
     async def resolve_batch(self, context_id: str, mentions: list[tuple[str, str]], *,
                             lookup_only: bool) -> BatchReply:
         self._window.note_call()
         if lookup_only:
             return await self._resolve_batch(context_id, mentions, lookup_only=True)
-        with self._writes.admit(len(mentions)):
+        self._writes.admit(len(mentions))
+        try:
             return await self._resolve_batch(context_id, mentions, lookup_only=False)
+        finally:
+            self._writes.release(len(mentions))
 
     async def _resolve_batch(self, context_id: str, mentions: list[tuple[str, str]], *,
                              lookup_only: bool) -> BatchReply:
@@ -153,18 +158,18 @@ class WriteAdmission:
         self.limit = limit
         self.waiting = 0
 
-    @contextlib.contextmanager
-    def admit(self, mentions: int) -> Iterator[None]:
+    def admit(self, mentions: int) -> None:
+        """Count a writing call's mentions in, or refuse it (Overloaded); `release` once it
+        is answered."""
         if self.waiting and self.waiting + mentions > self.limit:
             retry_ms = max(100, min(5000, self.waiting // self.MENTIONS_PER_MS))
             raise Overloaded(f"the server is busy: {self.waiting} mentions are waiting to be "
                              f"written (limit {self.limit}); retry in about {retry_ms} ms",
                              retry_ms)
         self.waiting += mentions
-        try:
-            yield
-        finally:
-            self.waiting -= mentions
+
+    def release(self, mentions: int) -> None:
+        self.waiting -= mentions
 
 
 async def _on_loop(future: futures.Future[T]) -> T:

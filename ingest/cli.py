@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import sys
 import time
@@ -233,7 +234,7 @@ def _count_lines(files: Sequence[Path]) -> int | None:
     return total
 
 
-def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
+def cmd_run(settings: Settings, paths: Sequence[str], summary_json: Path | None = None) -> int:
     assert settings.db is not None
     vocabulary = (load_vocabulary(settings.vocabulary_file) if settings.vocabulary_file
                   else default_vocabulary())
@@ -266,7 +267,42 @@ def cmd_run(settings: Settings, paths: Sequence[str]) -> int:
             logger.warning("sync after the run failed (%s); run `ingest sync` later", e)
             merges = 0
     _print_summary(summary, client.retries, merges)
+    if summary_json is not None:
+        _write_summary_json(summary_json, summary, client.retries, merges)
     return 0
+
+
+def summary_record(summary: Summary, retries: int, merges: int) -> dict[str, int | float]:
+    """The run's summary as the pipelines that call ingest read it (`--summary-json`)."""
+    return {
+        "lines_read": summary.lines_read,
+        "papers_ingested": summary.ingested,
+        "papers_changed": summary.changed,
+        "papers_unchanged": summary.unchanged,
+        "rejected_lines": summary.rejected_lines,
+        "rejected_items": summary.rejected_items,
+        "new_entities": summary.new_entities,
+        "matched_entities": summary.matched_entities,
+        "relationships": summary.relationships,
+        "retried_calls": retries,
+        "new_redirects": merges,
+        "elapsed_seconds": round(summary.elapsed_seconds, 3),
+        "papers_per_second": round(summary.papers_per_second, 1),
+    }
+
+
+def _write_summary_json(path: Path, summary: Summary, retries: int, merges: int) -> None:
+    """Written whole, then moved into place: a reader never sees half a file."""
+    text = json.dumps(summary_record(summary, retries, merges), indent=2) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+        return
+    partial = path.with_name(path.name + ".partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    except OSError as e:
+        raise JobError(f"cannot write the summary to {path}: {e.strerror}") from e
 
 
 def _in_worker(settings: Settings, files: Sequence[Path]) -> bool:
@@ -386,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="predicate vocabulary file (.toml or .json)")
     run.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                      help="no progress bar or progress lines (env INGEST_PROGRESS=false)")
+    run.add_argument("--summary-json", type=Path, metavar="FILE",
+                     help="also write the run's summary to FILE as JSON (- for standard output)")
 
     sync = add_command(sub, "sync", help="pull merges (redirects) and open links from the server")
     common(sync)
@@ -419,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command_parser(parser, args).error("--db is required (or set INGEST_DB)")
     try:
         if args.command == "run":
-            return cmd_run(settings, args.paths)
+            return cmd_run(settings, args.paths, args.summary_json)
         if args.command == "sync":
             return cmd_sync(settings)
         return cmd_stats(settings, args.top)

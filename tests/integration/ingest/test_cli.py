@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import random
 import subprocess
@@ -578,3 +579,19 @@ def test_papers_read_from_a_pipe_compressed_or_not(
         outputs.append(done.stdout.decode())
     assert "papers ingested:   200" in outputs[0]
     assert "papers unchanged:  200" in outputs[1]  # the same papers, gzip or not
+
+
+def test_summary_json_is_the_runs_summary_for_a_pipeline(tmp_path: Path, stub: StubServer,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "summary.json"
+    args = ["run", str(EXAMPLES / "papers.jsonl"), "--db", str(tmp_path / "g.duckdb"),
+            "--server", stub.address, "--no-progress", "--summary-json", str(out)]
+    assert main(args) == 0
+    first = json.loads(out.read_text())
+    assert first["papers_ingested"] == 200 and first["rejected_lines"] == 2
+    assert first["lines_read"] == 202 and first["relationships"] > 0
+    assert f"papers ingested:   {first['papers_ingested']}" in capsys.readouterr().out
+    assert main(args) == 0  # a rerun changes nothing, and says so
+    again = json.loads(out.read_text())
+    assert again["papers_ingested"] == 0 and again["papers_unchanged"] == 200
+    assert not (tmp_path / "summary.json.partial").exists()
