@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
-from rapidfuzz import fuzz
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -41,7 +40,7 @@ from identity_server.errors import (
     StartupError,
 )
 from identity_server.matching import Decision, Outcome
-from identity_server.normalize import fold
+from identity_server.scoring import candidate_scores, similarity
 
 if TYPE_CHECKING:
     from identity_server.service import IdentityService
@@ -64,29 +63,26 @@ class Query:
 
 
 def candidates_of(decision: Decision, mention: Mention) -> list[dict[str, Any]]:
-    """The reconciliation candidates of a decision, in the rules' order, scored: a candidate's
-    similarity, capped by the one before it (the rules' order is the ranking), and below the
-    winner's when the rules converge."""
+    """The reconciliation candidates of a decision, in the rules' order, with the scores a
+    Resolve's reply gives them (identity_server.scoring)."""
     converged = decision.outcome is Outcome.CONVERGED
     # What the rules found: the winner's match kind, else the outcome (ambiguous, weak).
     found = decision.match_kind.value.lower() if converged else decision.outcome.value
+    scores = candidate_scores(decision, mention.display)
     out: list[dict[str, Any]] = []
-    for candidate in decision.candidates:
+    for i, (candidate, score) in enumerate(zip(decision.candidates, scores, strict=True)):
         entity = candidate.entity
-        similarity = round(fuzz.ratio(fold(mention.display), fold(candidate.matched_name)), 1)
-        winner = converged and not out
-        score = similarity if not out else min(similarity, out[-1]["score"])
-        if converged and out:
-            score = min(score, out[0]["score"] - 1)
+        winner = converged and i == 0
         out.append({
             "id": entity.entity_id,
             "name": entity.name,
             "type": [{"id": entity.entity_type, "name": entity.entity_type}],
-            "score": max(score, 0.0),
+            "score": score,
             "match": winner,
-            "features": [{"id": "name_similarity", "value": similarity},
-                         {"id": found if winner or not converged else "candidate",
-                          "value": True}],
+            "features": [
+                {"id": "name_similarity",
+                 "value": similarity(mention.display, candidate.matched_name)},
+                {"id": found if winner or not converged else "candidate", "value": True}],
         })
     return out
 

@@ -48,6 +48,7 @@ from identity_server.lifecycle import CURATOR
 from identity_server.live_index import LiveIndex
 from identity_server.matching import Decision, Outcome, pair_candidates
 from identity_server.normalize import display_form, key, warm_up
+from identity_server.scoring import candidate_scores
 from identity_server.store import ChangeRecord, LinkRow, SqlStore, Tx, WouldBlock
 from identity_server.unit import DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
 from identity_server.write_queue import WriteQueue
@@ -73,6 +74,8 @@ class ResolveResult(NamedTuple):
     matched_name: str
     entity_type: str
     display_form: str
+    # One per candidate, 0-100: the reconciliation endpoint's scores (identity_server.scoring).
+    candidate_scores: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +344,7 @@ class IdentityService:
             if not plan.writes_nothing:
                 return _Unchanged(None)  # a write is needed: decided again under the lock
             assert plan.entity is not None
-            results.append(_result(plan.entity, plan.match_kind, False, (), _candidate_ids(d),
+            results.append(_result(plan.entity, plan.match_kind, False, (), d,
                                    plan.matched_name, m))
         return _Unchanged(results)
 
@@ -392,7 +395,7 @@ class IdentityService:
         entity, linked = u.apply_resolve(plan, m, context_id)
         if plan.evidence and self.config.promote_after_papers:
             entity = self._promote_by_evidence(u, entity, context_id)
-        return _result(entity, plan.match_kind, plan.new_entity, linked, _candidate_ids(d),
+        return _result(entity, plan.match_kind, plan.new_entity, linked, d,
                        plan.matched_name, m)
 
     def _promote_by_evidence(self, u: Unit, entity: Entity, context_id: str) -> Entity:
@@ -425,10 +428,9 @@ class IdentityService:
     def _look(self, m: Mention) -> ResolveResult:
         """What a creating call would answer, writing nothing."""
         d = self.core.decide(self.index, m)
-        candidates = _candidate_ids(d)
         if d.outcome is Outcome.CONVERGED:
             assert d.winner is not None
-            return _result(d.winner.entity, d.match_kind, False, (), candidates,
+            return _result(d.winner.entity, d.match_kind, False, (), d,
                            d.winner.matched_name, m)
         matched = d.best[0].matched_name if d.best else ""
         if d.outcome is Outcome.AMBIGUOUS:
@@ -436,9 +438,9 @@ class IdentityService:
                 existing = tx.placeholder(m.display, m.entity_type)
             placeholder = self.index.live(existing) if existing else None
             if placeholder is not None:
-                return _result(placeholder, MatchKind.AMBIGUOUS, False, (), candidates, matched, m)
-            return _nothing(MatchKind.AMBIGUOUS, candidates, matched, m)
-        return _nothing(MatchKind.NEW, candidates, matched, m)
+                return _result(placeholder, MatchKind.AMBIGUOUS, False, (), d, matched, m)
+            return _nothing(MatchKind.AMBIGUOUS, d, matched, m)
+        return _nothing(MatchKind.NEW, d, matched, m)
 
     # -- inspecting ------------------------------------------------------------------------------
 
@@ -623,16 +625,20 @@ def _candidate_ids(d: Decision) -> tuple[str, ...]:
     return tuple([c.entity.entity_id for c in d.candidates])
 
 
+def _scores(d: Decision, m: Mention) -> tuple[float, ...]:
+    return candidate_scores(d, m.display) if d.candidates else ()
+
+
 def _result(entity: Entity, kind: MatchKind, created: bool, linked: tuple[str, ...],
-            candidates: tuple[str, ...], matched: str, m: Mention) -> ResolveResult:
-    return ResolveResult(entity.entity_id, entity.status, kind, created, linked, candidates,
-                         entity.name, matched, entity.entity_type, m.display)
+            d: Decision, matched: str, m: Mention) -> ResolveResult:
+    return ResolveResult(entity.entity_id, entity.status, kind, created, linked,
+                         _candidate_ids(d), entity.name, matched, entity.entity_type, m.display,
+                         _scores(d, m))
 
 
-def _nothing(kind: MatchKind, candidates: tuple[str, ...], matched: str,
-             m: Mention) -> ResolveResult:
-    return ResolveResult("", None, kind, False, (), candidates, "", matched, m.entity_type,
-                         m.display)
+def _nothing(kind: MatchKind, d: Decision, matched: str, m: Mention) -> ResolveResult:
+    return ResolveResult("", None, kind, False, (), _candidate_ids(d), "", matched,
+                         m.entity_type, m.display, _scores(d, m))
 
 
 def _batch_hash(context_id: str, mentions: Sequence[tuple[str, str]]) -> str:
@@ -659,10 +665,11 @@ def _decode_results(raw: str) -> list[ResolveResult | ItemError]:
         if len(item) == 2:
             out.append(ItemError(item[0], item[1]))
             continue
-        eid, status, kind, created, linked, candidates, name, matched, etype, display = item
+        eid, status, kind, created, linked, candidates, name, matched, etype, display = item[:10]
+        scores = tuple(item[10]) if len(item) > 10 else ()  # stored before scores: ten fields
         out.append(ResolveResult(
             eid, Status(status) if status else None, MatchKind(kind), created, tuple(linked),
-            tuple(candidates), name, matched, etype, display,
+            tuple(candidates), name, matched, etype, display, scores,
         ))
     return out
 

@@ -466,6 +466,7 @@ def _resolved_fields(r: ResolveResult) -> dict[str, Any]:
         fields["possibly_same_as"] = r.possibly_same_as
     if r.candidates:
         fields["candidates"] = r.candidates
+        fields["candidate_scores"] = r.candidate_scores
     return fields
 
 

@@ -132,6 +132,10 @@ def test_match_is_exactly_where_the_rules_converge_and_nothing_is_written(
                 lookup_only=True), timeout=T)
             converged = looked.match_kind in (pb.EXACT, pb.CASE, pb.PUNCTUATION, pb.ALIAS,
                                               pb.TYPO)
+            # The reply's scores are the endpoint's, candidate for candidate.
+            assert list(looked.candidates)[:len(result)] == [c["id"] for c in result], name
+            assert list(looked.candidate_scores)[:len(result)] == [c["score"] for c in result]
+            assert len(looked.candidate_scores) == len(looked.candidates), name
             assert matched == ([looked.entity_id] if converged else []), name
             if converged:  # the winner scores highest
                 assert result[0]["match"] and all(c["score"] < result[0]["score"]
@@ -197,3 +201,25 @@ def test_with_roles_reconciliation_needs_a_reader_token(tmp_path: Path) -> None:
         assert status == 200 and json.loads(body)["versions"] == ["0.2"]
     finally:
         running.stop(grace=0)
+
+
+def test_a_reply_stored_before_scores_replays_without_them(tmp_path: Path) -> None:
+    """A batch reply stored by the release before scores (ten fields an item) still replays."""
+    from identity_server.server import build_service
+
+    db = tmp_path / "old.sqlite"
+    service = build_service(Settings(db_url=f"sqlite:///{db}"))
+    try:
+        service.resolve("Maria", "person")
+        mentions = [("Maria", "person"), ("Marla", "person")]
+        first = service.resolve_batch("W1", mentions)
+        assert first[1].candidate_scores  # type: ignore[union-attr]
+        with sqlite3.connect(db) as conn:
+            (reply,) = conn.execute("SELECT reply FROM batch_replies").fetchone()
+            old = json.dumps([item[:10] for item in json.loads(reply)])
+            conn.execute("UPDATE batch_replies SET reply = ?", (old,))
+        again = service.resolve_batch("W1", mentions)
+        assert [r.entity_id for r in again] == [r.entity_id for r in first]  # type: ignore[union-attr]
+        assert all(r.candidate_scores == () for r in again)  # type: ignore[union-attr]
+    finally:
+        service.close()

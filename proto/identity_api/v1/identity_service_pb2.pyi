@@ -91,7 +91,7 @@ class ResolveRequest(_message.Message):
     def __init__(self, mention: _Optional[str] = ..., entity_type: _Optional[str] = ..., context_id: _Optional[str] = ..., lookup_only: _Optional[bool] = ...) -> None: ...
 
 class ResolveResponse(_message.Message):
-    __slots__ = ("entity_id", "status", "match_kind", "created", "possibly_same_as", "candidates", "name", "matched_name", "entity_type", "display_form")
+    __slots__ = ("entity_id", "status", "match_kind", "created", "possibly_same_as", "candidates", "name", "matched_name", "entity_type", "display_form", "candidate_scores")
     ENTITY_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MATCH_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class ResolveResponse(_message.Message):
     MATCHED_NAME_FIELD_NUMBER: _ClassVar[int]
     ENTITY_TYPE_FIELD_NUMBER: _ClassVar[int]
     DISPLAY_FORM_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_SCORES_FIELD_NUMBER: _ClassVar[int]
     entity_id: str
     status: EntityStatus
     match_kind: MatchKind
@@ -112,7 +113,8 @@ class ResolveResponse(_message.Message):
     matched_name: str
     entity_type: str
     display_form: str
-    def __init__(self, entity_id: _Optional[str] = ..., status: _Optional[_Union[EntityStatus, str]] = ..., match_kind: _Optional[_Union[MatchKind, str]] = ..., created: _Optional[bool] = ..., possibly_same_as: _Optional[_Iterable[str]] = ..., candidates: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., matched_name: _Optional[str] = ..., entity_type: _Optional[str] = ..., display_form: _Optional[str] = ...) -> None: ...
+    candidate_scores: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, entity_id: _Optional[str] = ..., status: _Optional[_Union[EntityStatus, str]] = ..., match_kind: _Optional[_Union[MatchKind, str]] = ..., created: _Optional[bool] = ..., possibly_same_as: _Optional[_Iterable[str]] = ..., candidates: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., matched_name: _Optional[str] = ..., entity_type: _Optional[str] = ..., display_form: _Optional[str] = ..., candidate_scores: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Mention(_message.Message):
     __slots__ = ("mention", "entity_type")
