@@ -132,7 +132,8 @@ class OverGrpc:
 def _result(r: Any) -> ResolveResult:
     return ResolveResult(r.entity_id, _STATUS.get(r.status), _KIND[r.match_kind], r.created,
                          tuple(r.possibly_same_as), tuple(r.candidates), r.name,
-                         r.matched_name, r.entity_type, r.display_form)
+                         r.matched_name, r.entity_type, r.display_form,
+                         tuple(r.candidate_scores))
 
 
 def _view(e: Any) -> EntityView:
@@ -151,7 +152,7 @@ def test_the_adapter_keeps_every_field() -> None:
     result and a view is carried (a field added to either must be added here too)."""
     assert list(ResolveResult._fields) == [
         "entity_id", "status", "match_kind", "created", "possibly_same_as", "candidates", "name",
-        "matched_name", "entity_type", "display_form"]
+        "matched_name", "entity_type", "display_form", "candidate_scores"]
     assert [f.name for f in dataclasses.fields(EntityView)] == [
         "entity_id", "name", "entity_type", "status", "aliases", "surface_forms", "redirect_to",
         "placeholder", "evidence_count", "paper_count", "surface_form_count"]
