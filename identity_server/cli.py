@@ -123,6 +123,14 @@ def _parser() -> argparse.ArgumentParser:
                        "port, at /reconcile (default: off)")
     serve.set_defaults(run=_serve)
 
+    exp = add_command(sub, "export", help="write every entity (name, aliases, status, redirect, "
+                                        "surface forms) as JSON Lines or Parquet")
+    exp.add_argument("out", type=Path, help="the file to write; - for standard output (jsonl)")
+    exp.add_argument("--db", dest="db_url", help="store URL (default sqlite:///identity.sqlite)")
+    exp.add_argument("--format", choices=["jsonl", "parquet"],
+                     help="default: parquet for a .parquet file, else jsonl")
+    exp.set_defaults(run=_export)
+
     imp = add_command(sub, "import", help="import an authority file (JSON Lines or CSV) into a "
                                         "store, or through a running server")
     imp.add_argument("file", type=Path,
@@ -210,6 +218,45 @@ def _serve(args: argparse.Namespace) -> int:
         f"listening on {address(settings.host, running.port)}", flush=True),
         drain=settings.drain_seconds)
     return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from identity_server.exporting import export_jsonl, export_parquet
+    from identity_server.store import open_store
+
+    settings = _settings(args, "db_url")
+    _require_existing_store(settings.db_url)
+    fmt = args.format or ("parquet" if args.out.suffix == ".parquet" else "jsonl")
+    to_stdout = str(args.out) == "-"
+    if to_stdout and fmt == "parquet":
+        raise InvalidArgument("Parquet needs a file to write, not standard output")
+    store = open_store(settings.db_url)
+    try:
+        with tqdm(unit=" entities", desc="exporting", disable=_no_bar(), file=sys.stderr) as bar:
+            if fmt == "parquet":
+                count = export_parquet(store, args.out, bar.update)
+            elif to_stdout:
+                count = export_jsonl(store, sys.stdout, bar.update)
+            else:
+                partial = args.out.with_name(args.out.name + ".partial")
+                with partial.open("w", encoding="utf-8") as out:
+                    count = export_jsonl(store, out, bar.update)
+                partial.replace(args.out)  # whole or not at all
+    except OSError as e:
+        raise InvalidArgument(f"cannot write {args.out}: {e.strerror}") from e
+    finally:
+        store.close()
+    tell(logger, logging.INFO, f"exported {count} entities to {args.out} ({fmt})")
+    return 0
+
+
+def _require_existing_store(url: str) -> None:
+    """An export reads a store: a SQLite path with no file is a typo, not an empty store to
+    make (opening it would create one)."""
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///").split("?")[0])
+        if not path.exists():
+            raise InvalidArgument(f"no identity store at {path} (give --db)")
 
 
 def _import(args: argparse.Namespace) -> int:
