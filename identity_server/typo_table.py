@@ -11,8 +11,9 @@ its cache misses grow with the table). A hash collision can only add a false can
 hide a true one, and callers verify every candidate with `one_edit_apart`. numpy sorts and
 sizes the arrays at build time; lookups read them through memoryviews (`.data`), which return
 plain ints faster than numpy scalars for a handful of reads. A lookup's hashing and probes run
-in the resolve core (`identity_server.core`): in C where the install could build it, else the
-reference loops (`probe_shards` below and `core.reference`), which its tests compare it with.
+in the resolve core (`identity_server.core`): compiled (Cython) where the install could build
+it, else the reference loops (`probe_shards` below and `core.reference`), which its tests
+compare it with.
 
 The hash is a polynomial over code points, `h = h * BASE + ord(c)` from a seed, modulo 2**64,
 with a base and seed drawn at random in each process (the table is never stored). Unlike
