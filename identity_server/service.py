@@ -58,6 +58,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 # A write group takes queued requests up to this many mentions (at least one request).
 MAX_GROUP_MENTIONS = 5000
+# ListEntities: entities a page by default and at most, and surface forms each by default.
+DEFAULT_ENTITY_PAGE = 100
+MAX_ENTITY_PAGE = 1000
+DEFAULT_LISTED_FORMS = 20
 
 
 
@@ -459,6 +463,34 @@ class IdentityService:
 
         return self.live.read(work)
 
+    def list_entities(self, *, status: Status | None, entity_type: str = "",
+                      page_size: int = 0, page_token: str = "",
+                      max_surface_forms: int | None = None) -> tuple[list[EntityView], str]:
+        """A page of entities in id order, and the next page's token ("" after the last): the
+        live ones, or those of `status`; of `entity_type` when given."""
+        if page_size < 0:
+            raise InvalidArgument("page_size must not be negative")
+        size = min(page_size or DEFAULT_ENTITY_PAGE, MAX_ENTITY_PAGE)
+        after = _decode_entity_token(page_token)
+        forms = _forms_page(DEFAULT_LISTED_FORMS if max_surface_forms is None
+                            else max_surface_forms, 0)
+        statuses = ([status.value] if status is not None
+                    else [Status.CANONICAL.value, Status.PROVISIONAL.value])
+        wanted_type = entity_type.strip().casefold()
+
+        def work(tx: Tx) -> tuple[list[EntityView], str]:
+            ids = tx.entity_ids_page(after=after, statuses=statuses, entity_type=wanted_type,
+                                     limit=size + 1)
+            views = []
+            for eid in ids[:size]:
+                entity = self.index.get(eid)
+                if entity is not None:  # the index reads the transaction's snapshot
+                    views.append(self._view(tx, entity, forms))
+            token = json.dumps([ids[size - 1]]) if len(ids) > size else ""
+            return views, token
+
+        return self.live.read(work)
+
     def _view(self, tx: Tx, entity: Entity, forms: slice = slice(None)) -> EntityView:
         """What a caller is shown of an entity; `forms`: which of its surface forms."""
         redirect = ""
@@ -672,6 +704,18 @@ def _decode_results(raw: str) -> list[ResolveResult | ItemError]:
             tuple(candidates), name, matched, etype, display, scores,
         ))
     return out
+
+
+def _decode_entity_token(token: str) -> str:
+    if not token:
+        return ""
+    try:
+        (after,) = json.loads(token)
+    except (ValueError, TypeError) as e:
+        raise InvalidArgument("page_token is not one this server returned") from e
+    if not isinstance(after, str):
+        raise InvalidArgument("page_token is not one this server returned")
+    return after
 
 
 def _decode_token(token: str) -> tuple[int, str, str] | None:

@@ -60,6 +60,7 @@ _STATUS = {
     Status.PROVISIONAL: pb.PROVISIONAL,
     Status.MERGED: pb.MERGED,
 }
+_STATUS_OF = {number: status for status, number in _STATUS.items()}
 _KIND = {k: pb.MatchKind.Value(k.value) for k in MatchKind}
 _CHANGE_KIND = {
     name: pb.ChangeKind.Value(f"CHANGE_KIND_{name.upper()}")
@@ -252,6 +253,19 @@ class IdentityServicer:
             self.service.get_entity, request.entity_id, max_surface_forms=_forms_cap(request),
             surface_forms_offset=request.surface_forms_offset))
         return pb.GetEntityResponse(entity=entity_message(view))
+
+    @_rpc()
+    async def ListEntities(self, request: pb.ListEntitiesRequest,
+                           context: Context) -> pb.ListEntitiesResponse:
+        status = _STATUS_OF.get(request.status) if request.status else None
+        if request.status and status is None:
+            raise InvalidArgument(f"unknown status {request.status}")
+        views, token = await self._off_loop(functools.partial(
+            self.service.list_entities, status=status, entity_type=request.entity_type,
+            page_size=request.page_size, page_token=request.page_token,
+            max_surface_forms=_forms_cap(request)))
+        return pb.ListEntitiesResponse(entities=[entity_message(v) for v in views],
+                                       next_page_token=token)
 
     @_rpc(Role.ADMIN)
     async def AddAlias(self, request: pb.AddAliasRequest, context: Context) -> pb.AddAliasResponse:

@@ -550,6 +550,17 @@ class Tx:
         )
         return [LinkRow(r.a, r.b, r.state, r.created_seq) for r in rows]
 
+    def entity_ids_page(self, *, after: str, statuses: Sequence[str], entity_type: str,
+                        limit: int) -> list[str]:
+        """Entity ids after `after`, in id order, of these statuses (and type, when given)."""
+        e = t.entities.c
+        q = select(e.entity_id).where(e.status.in_(list(statuses)))
+        if after:
+            q = q.where(e.entity_id > after)
+        if entity_type:
+            q = q.where(e.entity_type == entity_type)
+        return [r[0] for r in self.conn.execute(q.order_by(e.entity_id).limit(limit))]
+
     def count_open_links(self) -> int:
         """possibly_same_as links awaiting a curator (by the (state, created_seq) index)."""
         return int(self.conn.scalar(

@@ -95,6 +95,8 @@ def _calls(stub: pb_grpc.IdentityServiceStub, made: dict[str, str]
             timeout=T, metadata=md)),
         ("GetEntity", 1, lambda md: stub.GetEntity(pb.GetEntityRequest(entity_id=a),
                                                    timeout=T, metadata=md)),
+        ("ListEntities", 1, lambda md: stub.ListEntities(pb.ListEntitiesRequest(),
+                                                         timeout=T, metadata=md)),
         ("ListPossiblySameAs", 1, lambda md: stub.ListPossiblySameAs(
             pb.ListPossiblySameAsRequest(), timeout=T, metadata=md)),
         ("ListChanges", 1, lambda md: list(stub.ListChanges(

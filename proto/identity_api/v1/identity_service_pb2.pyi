@@ -200,6 +200,28 @@ class GetEntityResponse(_message.Message):
     entity: Entity
     def __init__(self, entity: _Optional[_Union[Entity, _Mapping]] = ...) -> None: ...
 
+class ListEntitiesRequest(_message.Message):
+    __slots__ = ("status", "entity_type", "page_size", "page_token", "max_surface_forms")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_SURFACE_FORMS_FIELD_NUMBER: _ClassVar[int]
+    status: EntityStatus
+    entity_type: str
+    page_size: int
+    page_token: str
+    max_surface_forms: int
+    def __init__(self, status: _Optional[_Union[EntityStatus, str]] = ..., entity_type: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., max_surface_forms: _Optional[int] = ...) -> None: ...
+
+class ListEntitiesResponse(_message.Message):
+    __slots__ = ("entities", "next_page_token")
+    ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    entities: _containers.RepeatedCompositeFieldContainer[Entity]
+    next_page_token: str
+    def __init__(self, entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
 class AddAliasRequest(_message.Message):
     __slots__ = ("entity_id", "alias", "max_surface_forms")
     ENTITY_ID_FIELD_NUMBER: _ClassVar[int]

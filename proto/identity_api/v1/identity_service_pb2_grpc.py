@@ -49,6 +49,11 @@ class IdentityServiceStub:
                 request_serializer=identity__api_dot_v1_dot_identity__service__pb2.GetEntityRequest.SerializeToString,
                 response_deserializer=identity__api_dot_v1_dot_identity__service__pb2.GetEntityResponse.FromString,
                 _registered_method=True)
+        self.ListEntities = channel.unary_unary(
+                '/identity.v1.IdentityService/ListEntities',
+                request_serializer=identity__api_dot_v1_dot_identity__service__pb2.ListEntitiesRequest.SerializeToString,
+                response_deserializer=identity__api_dot_v1_dot_identity__service__pb2.ListEntitiesResponse.FromString,
+                _registered_method=True)
         self.AddAlias = channel.unary_unary(
                 '/identity.v1.IdentityService/AddAlias',
                 request_serializer=identity__api_dot_v1_dot_identity__service__pb2.AddAliasRequest.SerializeToString,
@@ -106,6 +111,14 @@ class IdentityServiceServicer:
 
     def GetEntity(self, request, context):
         """Returns one entity; a merged id returns the merged entity with `redirect_to` set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEntities(self, request, context):
+        """Entities a page at a time, in id order: the live ones (canonical and provisional), or those
+        of one status (MERGED: merged entities, each with the live entity it redirects to).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -177,6 +190,11 @@ def add_IdentityServiceServicer_to_server(servicer, server):
                     servicer.GetEntity,
                     request_deserializer=identity__api_dot_v1_dot_identity__service__pb2.GetEntityRequest.FromString,
                     response_serializer=identity__api_dot_v1_dot_identity__service__pb2.GetEntityResponse.SerializeToString,
+            ),
+            'ListEntities': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEntities,
+                    request_deserializer=identity__api_dot_v1_dot_identity__service__pb2.ListEntitiesRequest.FromString,
+                    response_serializer=identity__api_dot_v1_dot_identity__service__pb2.ListEntitiesResponse.SerializeToString,
             ),
             'AddAlias': grpc.unary_unary_rpc_method_handler(
                     servicer.AddAlias,
@@ -295,6 +313,33 @@ class IdentityService:
             '/identity.v1.IdentityService/GetEntity',
             identity__api_dot_v1_dot_identity__service__pb2.GetEntityRequest.SerializeToString,
             identity__api_dot_v1_dot_identity__service__pb2.GetEntityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEntities(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/identity.v1.IdentityService/ListEntities',
+            identity__api_dot_v1_dot_identity__service__pb2.ListEntitiesRequest.SerializeToString,
+            identity__api_dot_v1_dot_identity__service__pb2.ListEntitiesResponse.FromString,
             options,
             channel_credentials,
             insecure,
