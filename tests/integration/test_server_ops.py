@@ -43,7 +43,7 @@ T = 10.0  # deadline of every call, in seconds
 SERVICE = "identity.v1.IdentityService"
 RPCS = {
     "Resolve", "ResolveBatch", "GetEntity", "AddAlias", "Promote", "Merge", "ListPossiblySameAs",
-    "SettlePossiblySameAs", "ImportAuthority", "ListChanges",
+    "SettlePossiblySameAs", "ImportAuthority", "ListChanges", "ListEntities",
 }
 CLI = Path(sys.executable).parent / "identity-server"
 
