@@ -22,9 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from identity_server.command_line import header_safe_token
 from identity_server.errors import PermissionDenied, StartupError, Unauthenticated
-
-VISIBLE_ASCII = frozenset(range(0x21, 0x7F))
 
 
 class Role(enum.IntEnum):
@@ -123,9 +122,10 @@ def _entry(role_name: str, token: str, where: str) -> tuple[Role, str]:
     if role is None:
         raise TokensError(f"{where}: unknown role {role_name!r}; expected one of "
                           f"{', '.join(ROLE_NAMES)}")
-    if not token or any(ord(c) not in VISIBLE_ASCII for c in token):
-        raise TokensError(f"{where}: a token must be visible ASCII characters without spaces "
-                          "(it travels in a gRPC header)")
+    try:
+        header_safe_token(token)
+    except ValueError as e:
+        raise TokensError(f"{where}: a token {e}") from None
     return role, token
 
 

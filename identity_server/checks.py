@@ -5,7 +5,7 @@ from __future__ import annotations
 import unicodedata
 
 from identity_server.errors import InvalidArgument
-from identity_server.normalize import WHITE_SPACE
+from identity_server.normalize import is_dropped
 
 MAX_ID_LENGTH = 512  # entity ids and context (paper) ids
 MAX_TYPE_LENGTH = 128  # a mention's type as given (kept with the evidence)
@@ -34,8 +34,7 @@ def is_unicode(text: str) -> bool:
 
 def has_dropped_characters(text: str) -> bool:
     """Whether text has a character `display_form` drops: Cc or Cf that is not White_Space."""
-    return not text.isprintable() and any(
-        c not in WHITE_SPACE and unicodedata.category(c) in ("Cc", "Cf") for c in text)
+    return not text.isprintable() and any(is_dropped(c) for c in text)
 
 
 def checked_id(value: str, what: str = "id", meaning: str = "") -> str:

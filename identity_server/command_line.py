@@ -15,6 +15,7 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -96,6 +97,21 @@ def header_safe_token(token: str | None) -> str | None:
         raise ValueError("must be visible ASCII characters, with no spaces or accents "
                          "(it is sent in a gRPC header)")
     return token
+
+
+def read_token_file(path: Path) -> str | None:
+    """The bearer token a file holds on its first line (None for an empty file), as both
+    CLIs' clients read --token-file and INGEST_TOKEN_FILE. ValueError names the file, never
+    the token."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the token file {path}: {e}") from e
+    first = lines[0].strip() if lines else ""
+    try:
+        return header_safe_token(first) if first else None
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 LOG_FORMATS = ("text", "json")

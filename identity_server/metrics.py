@@ -20,11 +20,12 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from identity_server.errors import StartupError
+from identity_server.service import ItemError
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from identity_server.service import IdentityService, ItemError, ResolveResult
+    from identity_server.service import IdentityService, ResolveResult
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +84,11 @@ class Metrics:
         kinds: Tally[str] = Tally()
         created = 0
         for r in results:
-            match_kind = getattr(r, "match_kind", None)
-            if match_kind is None:
+            if isinstance(r, ItemError):
                 kinds["ERROR"] += 1
                 continue
-            kinds[str(match_kind)] += 1
-            created += bool(r.created)  # type: ignore[union-attr]
+            kinds[r.match_kind.value] += 1
+            created += r.created
         for kind, n in kinds.items():
             self.outcomes.labels(kind).inc(n)
         if created:

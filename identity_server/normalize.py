@@ -35,15 +35,19 @@ def _is_digit(char: str) -> bool:
     return unicodedata.category(char) == "Nd"
 
 
+def is_dropped(char: str) -> bool:
+    """A character display forms drop: a control or format character (Cc, Cf) that is not
+    White_Space."""
+    return char not in WHITE_SPACE and unicodedata.category(char) in ("Cc", "Cf")
+
+
 def display_form(text: str) -> str:
     """NFKC, drop non-space Cc/Cf characters, NFKC again, collapse White_Space runs, trim."""
     if text.isascii() and text.isprintable():
         # NFKC leaves printable ASCII alone, it has no Cc/Cf, and its only White_Space is " ".
         return " ".join(text.split())
     text = unicodedata.normalize("NFKC", text)
-    text = "".join(
-        c for c in text if c in WHITE_SPACE or unicodedata.category(c) not in ("Cc", "Cf")
-    )
+    text = "".join(c for c in text if not is_dropped(c))
     text = unicodedata.normalize("NFKC", text)
     out: list[str] = []
     in_space = False

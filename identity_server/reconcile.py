@@ -38,9 +38,10 @@ from identity_server.errors import (
     InvalidArgument,
     PermissionDenied,
     StartupError,
+    Unauthenticated,
 )
 from identity_server.matching import Decision, Outcome
-from identity_server.scoring import candidate_scores, similarity
+from identity_server.scoring import capped, similarity
 
 if TYPE_CHECKING:
     from identity_server.service import IdentityService
@@ -68,9 +69,11 @@ def candidates_of(decision: Decision, mention: Mention) -> list[dict[str, Any]]:
     converged = decision.outcome is Outcome.CONVERGED
     # What the rules found: the winner's match kind, else the outcome (ambiguous, weak).
     found = decision.match_kind.value.lower() if converged else decision.outcome.value
-    scores = candidate_scores(decision, mention.display)
+    similarities = [similarity(mention.display, c.matched_name) for c in decision.candidates]
+    scores = capped(decision, similarities)
     out: list[dict[str, Any]] = []
-    for i, (candidate, score) in enumerate(zip(decision.candidates, scores, strict=True)):
+    for i, (candidate, score, alike) in enumerate(
+            zip(decision.candidates, scores, similarities, strict=True)):
         entity = candidate.entity
         winner = converged and i == 0
         out.append({
@@ -80,8 +83,7 @@ def candidates_of(decision: Decision, mention: Mention) -> list[dict[str, Any]]:
             "score": score,
             "match": winner,
             "features": [
-                {"id": "name_similarity",
-                 "value": similarity(mention.display, candidate.matched_name)},
+                {"id": "name_similarity", "value": alike},
                 {"id": found if winner or not converged else "candidate", "value": True}],
         })
     return out
@@ -107,11 +109,9 @@ class Reconciler:
         }
 
     def check_access(self, request: Request) -> None:
-        access = self._access()
-        if access.enforcing:
-            header = request.headers.get("authorization")
-            access.check((("authorization", header),) if header else (), Role.READER,
-                         "reconciliation")
+        header = request.headers.get("authorization")
+        self._access().check((("authorization", header),) if header else (), Role.READER,
+                             "reconciliation")
 
     def _decide(self, mention: Mention) -> Decision:
         """Under the index's read guarantees (`LiveIndex.answer`): the index as it is then."""
@@ -197,9 +197,10 @@ def build_app(reconciler: Reconciler) -> Starlette:
                 return _error(request, 404, str(e))
             except InvalidArgument as e:
                 return _error(request, 400, str(e))
-            except IdentityError as e:  # Unauthenticated, StoreUnavailable
-                status = 401 if type(e).__name__ == "Unauthenticated" else 503
-                return _error(request, status, str(e))
+            except Unauthenticated as e:
+                return _error(request, 401, str(e))
+            except IdentityError as e:  # the store failed
+                return _error(request, 503, str(e))
         return run
 
     async def reconcile(request: Request) -> Response:

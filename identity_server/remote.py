@@ -34,7 +34,7 @@ from identity_server.authority import (
     starts_utf16,
     unpacked,
 )
-from identity_server.command_line import header_safe_token, server_address, tell
+from identity_server.command_line import read_token_file, server_address, tell
 from identity_server.errors import InvalidArgument
 from identity_server.settings import MAX_MESSAGE_BYTES, Settings
 
@@ -267,14 +267,9 @@ def _token_metadata(args: argparse.Namespace) -> Metadata:
     path: Path | None = getattr(args, "token_file", None)
     if path is not None:
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise InvalidArgument(f"cannot read the token file {path}: {e}") from e
-        first = lines[0].strip() if lines else ""
-        try:
-            token = header_safe_token(first) if first else None
+            token = read_token_file(path)
         except ValueError as e:
-            raise InvalidArgument(f"{path}: {e}") from e
+            raise InvalidArgument(str(e)) from e
     else:
         token = Settings().token
     return (("authorization", f"Bearer {token}"),) if token else ()

@@ -18,10 +18,15 @@ def similarity(display: str, matched_name: str) -> float:
 
 def candidate_scores(decision: Decision, display: str) -> tuple[float, ...]:
     """The score of each of the decision's candidates, in its order."""
+    return capped(decision, [similarity(display, c.matched_name) for c in decision.candidates])
+
+
+def capped(decision: Decision, similarities: list[float]) -> tuple[float, ...]:
+    """The scores of candidates whose similarities are given, in the decision's order: each
+    capped by the one before it, and below the winner's when the rules converge."""
     converged = decision.outcome is Outcome.CONVERGED
     scores: list[float] = []
-    for candidate in decision.candidates:
-        score = similarity(display, candidate.matched_name)
+    for score in similarities:
         if scores:
             score = min(score, scores[-1])
             if converged:
@@ -30,4 +35,4 @@ def candidate_scores(decision: Decision, display: str) -> tuple[float, ...]:
     return tuple(scores)
 
 
-__all__ = ["candidate_scores", "similarity"]
+__all__ = ["candidate_scores", "capped", "similarity"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import signal
 import socket
@@ -181,7 +182,7 @@ def access_policy(settings: Settings) -> AccessPolicy:
 
 
 def describe_access(access: AccessPolicy) -> str:
-    counts = {role: sum(1 for _, r in access.tokens if r is role) for _, role in access.tokens}
+    counts = collections.Counter(role for _, role in access.tokens)
     listed = ", ".join(f"{n} {role.name.lower()}" for role, n in sorted(counts.items()))
     return f"{len(access.tokens)} tokens ({listed})" if access.tokens else "no tokens"
 

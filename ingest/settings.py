@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from identity_server.command_line import grpc_target, header_safe_token
+from identity_server.command_line import grpc_target, header_safe_token, read_token_file
 from ingest.models import Limits
 
 
@@ -73,11 +73,7 @@ class Settings(BaseSettings):
         """The token to present: INGEST_TOKEN, else the first line of the token file."""
         if self.token or self.token_file is None:
             return self.token
-        try:
-            lines = self.token_file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"cannot read the token file {self.token_file}: {e}") from e
-        return header_safe_token(lines[0].strip()) if lines and lines[0].strip() else None
+        return read_token_file(self.token_file)
 
     @field_validator("server")
     @classmethod
