@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import queue
+import re
+import subprocess
 import sys
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 import grpc
 import pytest
@@ -48,6 +54,39 @@ def signal_a_thread_other_than_main(pid: int, signum: int) -> None:
     assert tgkill(pid, others[-1], signum) == 0, os.strerror(ctypes.get_errno())
 
 
+def read_line(stream: IO[str], timeout: float) -> str:
+    """A line of a process's output, or the test fails after `timeout` s (never hangs)."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        pytest.fail(f"no line from the server within {timeout} s")
+
+
+@contextmanager
+def serve_process(args: Sequence[str], *, env: dict[str, str],
+                  stderr: Any = subprocess.PIPE) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`identity-server ... serve --port 0 ...` as a process of its own: yields it and the port
+    its `listening on` line names; at the end it is killed if still running (by its PID) and
+    its pipes are closed."""
+    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            env=env)
+    try:
+        assert proc.stdout is not None
+        line = read_line(proc.stdout, 20.0)
+        match = re.fullmatch(r"listening on \S+:(\d+)\s*", line)
+        assert match, line
+        yield proc, int(match.group(1))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     return sqlite_url(tmp_path / "identity.sqlite")
@@ -80,17 +119,23 @@ def stub(channel: grpc.Channel) -> pb_grpc.IdentityServiceStub:
     return pb_grpc.IdentityServiceStub(channel)
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh schema in the `test` database, dropped afterwards."""
+def pg_admin() -> Any:
+    """An autocommit connection to the `test` database (a psycopg Connection); skips the test
+    where PostgreSQL does not answer, and fails it there when CI is set."""
     try:
         import psycopg
 
-        conn = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
+        return psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
     except Exception as e:  # any failure to connect means "no PostgreSQL here"
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but PostgreSQL at 127.0.0.1:5432 does not answer: {e}")
         pytest.skip(f"no PostgreSQL at 127.0.0.1:5432 ({e}); set CI to make this a failure")
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh schema in the `test` database, dropped afterwards."""
+    conn = pg_admin()
     schema = f"identity_test_{uuid.uuid4().hex[:12]}"
     with conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sqlite3
 import subprocess
@@ -25,6 +24,7 @@ from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 from identity_server.access import AccessPolicy, Role, TokensError, read_tokens_file
 from identity_server.server import RunningServer, start_server
 from identity_server.settings import Settings
+from tests.conftest import serve_process
 
 T = 10.0
 TOKENS = {"reader": "r-token-1", "writer": "w-token-2", "admin": "a-token-3"}
@@ -231,14 +231,9 @@ def _env() -> dict[str, str]:
 
 
 def test_sighup_rereads_the_tokens_file(tmp_path: Path, tokens_file: Path) -> None:
-    proc = subprocess.Popen(
-        [str(CLI), "serve", "--port", "0", "--db", f"sqlite:///{tmp_path / 'hup.sqlite'}",
-         "--tokens-file", str(tokens_file)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        port = int(re.search(r":(\d+)\s*$", line).group(1))  # type: ignore[union-attr]
+    args = [str(CLI), "serve", "--port", "0", "--db", f"sqlite:///{tmp_path / 'hup.sqlite'}",
+            "--tokens-file", str(tokens_file)]
+    with serve_process(args, env=_env()) as (proc, port):
         request = pb.ResolveRequest(mention="Hup Thing", entity_type="tool", lookup_only=True)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.IdentityServiceStub(channel)
@@ -264,13 +259,6 @@ def test_sighup_rereads_the_tokens_file(tmp_path: Path, tokens_file: Path) -> No
         assert proc.stderr is not None
         log = proc.stderr.read()
         assert "tokens reloaded" in log and "fresh-token" not in log
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=T)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 REPO = Path(__file__).resolve().parents[2]

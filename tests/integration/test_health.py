@@ -5,9 +5,7 @@ NOT_SERVING at once while a new connection's calls are still answered for the dr
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -22,7 +20,7 @@ from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
 from identity_server.server import start_server
 from identity_server.settings import Settings
-from tests.conftest import PG_ADMIN_URL
+from tests.conftest import PG_ADMIN_URL, pg_admin, serve_process
 
 T = 10.0
 CLI = Path(sys.executable).parent / "identity-server"
@@ -48,13 +46,7 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) ->
 @pytest.fixture
 def own_database() -> Iterator[str]:
     """A PostgreSQL database of its own, which the test can close to new connections."""
-    try:
-        import psycopg
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
-    except Exception as e:  # any failure to connect means no PostgreSQL here
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but PostgreSQL does not answer: {e}")
-        pytest.skip(f"no PostgreSQL at 127.0.0.1:5432 ({e})")
+    admin = pg_admin()
     name = f"identity_health_{uuid.uuid4().hex[:10]}"
     with admin:
         admin.execute(f'CREATE DATABASE "{name}"')
@@ -94,12 +86,8 @@ def test_sigterm_drains_with_health_not_serving_while_calls_are_answered(
         tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IDENTITY_")}
     env["IDENTITY_DRAIN_SECONDS"] = "3"
-    proc = subprocess.Popen(
-        [str(CLI), "serve", "--port", "0", "--db", f"sqlite:///{tmp_path / 'drain.sqlite'}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        port = int(re.search(r":(\d+)\s*$", proc.stdout.readline()).group(1))  # type: ignore[union-attr]
+    args = [str(CLI), "serve", "--port", "0", "--db", f"sqlite:///{tmp_path / 'drain.sqlite'}"]
+    with serve_process(args, env=env) as (proc, port):
         assert health_of(port) == SERVING
         started = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
@@ -113,10 +101,3 @@ def test_sigterm_drains_with_health_not_serving_while_calls_are_answered(
         assert time.monotonic() - started >= 3.0  # the whole drain, then the graceful stop
         assert proc.stderr is not None
         assert "draining" in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=T)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()

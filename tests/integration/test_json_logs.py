@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +21,13 @@ from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
 from ingest.testing import serve_stub
+from tests.conftest import serve_process
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SERVER = str(BIN / "identity-server")
 INGEST = str(BIN / "ingest")
+
 T = 10.0  # deadline of every call, in seconds
 
 # RFC 3339, UTC, to the millisecond: 2026-12-06T18:01:02.345Z
@@ -66,29 +66,14 @@ def _records(stderr: str) -> list[dict[str, Any]]:
     return records
 
 
-def _read_line(stream: Any, timeout: float) -> str:
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
-    try:
-        return lines.get(timeout=timeout)
-    except queue.Empty:
-        pytest.fail(f"no line from the server within {timeout} s")
-
-
 def _serve(tmp_path: Path, *top_level: str) -> str:
     """Runs `identity-server *top_level serve` on a free port, makes one call, stops it with
     SIGTERM; returns its stderr."""
     log_path = tmp_path / "server.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [SERVER, *top_level, "serve", "--db", f"sqlite:///{tmp_path / 'x.sqlite'}",
-             "--host", "127.0.0.1", "--port", "0"],
-            stdout=subprocess.PIPE, stderr=log, text=True, env=_env())
-    try:
-        line = _read_line(proc.stdout, 20.0)
-        match = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\s*", line)
-        assert match, line
-        with grpc.insecure_channel(match.group(1)) as channel:
+    args = [SERVER, *top_level, "serve", "--db", f"sqlite:///{tmp_path / 'x.sqlite'}",
+            "--host", "127.0.0.1", "--port", "0"]
+    with log_path.open("w") as log, serve_process(args, env=_env(), stderr=log) as (proc, port):
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             try:  # logged whatever it answers (OK at debug, a refusal at info)
                 pb_grpc.IdentityServiceStub(channel).Resolve(
                     pb.ResolveRequest(mention="Ada Lovelace", entity_type="person"), timeout=T)
@@ -96,12 +81,6 @@ def _serve(tmp_path: Path, *top_level: str) -> str:
                 pass
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        assert proc.stdout is not None
-        proc.stdout.close()
     return log_path.read_text()
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import os
-import queue
 import re
 import shutil
 import signal
@@ -37,7 +36,7 @@ from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
 from identity_server.server import RunningServer, start_server
 from identity_server.settings import Settings
-from tests.conftest import ADMIN, ADMIN_TOKEN, signal_a_thread_other_than_main
+from tests.conftest import ADMIN, ADMIN_TOKEN, read_line, signal_a_thread_other_than_main
 
 T = 10.0  # deadline of every call, in seconds
 SERVICE = "identity.v1.IdentityService"
@@ -356,16 +355,6 @@ def test_batch_replies_expire_after_the_configured_time(db_url: str) -> None:
 # -- the identity-server command line -----------------------------------------------------------
 
 
-def _read_line(stream: Any, timeout: float) -> str:
-    lines: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True)
-    reader.start()
-    try:
-        return lines.get(timeout=timeout)
-    except queue.Empty:
-        pytest.fail(f"no line from the server within {timeout} s")
-
-
 def test_reads_are_answered_while_another_process_holds_the_write_lock(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The server writes on its event loop only when nothing is in the way: while another
@@ -477,7 +466,7 @@ def test_cli_serve_prints_its_port_and_stops_cleanly_on_sigterm(
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True, env=_env())
     try:
-        line = _read_line(proc.stdout, 20.0)
+        line = read_line(proc.stdout, 20.0)
         match = re.search(r"127\.0\.0\.1:(\d+)\s*$", line)
         assert match, line
         port = int(match.group(1))
@@ -523,7 +512,7 @@ def test_cli_serve_on_ipv6_prints_an_address_a_client_can_use(
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env=_env())
     try:
-        line = _read_line(proc.stdout, 20.0)
+        line = read_line(proc.stdout, 20.0)
         match = re.fullmatch(r"listening on (\[::1\]:\d+)\s*", line)
         assert match, line
         assert cli_main(["resolve", "Ada Lovelace", "--server", match.group(1)]) == 0
