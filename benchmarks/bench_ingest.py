@@ -102,7 +102,7 @@ def run_calls(papers: Path, *, store: Path | None, server: str | None,
 
 def calls_child(papers: Path, *, server: str | None, embedded_db: str | None,
                 concurrency: int) -> dict[str, Any]:
-    from ingest.client import IdentityClient, RetryPolicy
+    from identity_client import IdentityClient, RetryPolicy
 
     batches = read_paper_batches(papers)
     running = None

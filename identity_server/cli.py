@@ -14,11 +14,12 @@ from io import BufferedIOBase, BufferedReader
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import grpc
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from tqdm import tqdm
 
+from identity_client import IdentityError as CallFailed
+from identity_client import ImportReport as ServerImportReport
 from identity_server import remote
 from identity_server.authority import (
     READ_CHUNK,
@@ -67,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     except StartupError as e:
         _error(f"{e}")
         return 1
-    except grpc.RpcError as e:
-        _error(f"{e.code().name}: {e.details()}{_hint(e.code(), args)}")
+    except CallFailed as e:
+        _error(f"{e.code}: {e.message}{_hint(e.code, args)}")
         return 1
     except KeyboardInterrupt:
         return 130
@@ -78,14 +79,14 @@ def _error(text: str) -> None:
     tell(logger, logging.ERROR, text, prefix="error: ")
 
 
-def _hint(code: grpc.StatusCode, args: argparse.Namespace) -> str:
+def _hint(code: str, args: argparse.Namespace) -> str:
     """What to check when a running server could not be reached or did not answer in time."""
     server = getattr(args, "server", None)
-    if code is grpc.StatusCode.UNAVAILABLE and server:
+    if code == "UNAVAILABLE" and server:
         return (f"\nhint: no identity server answered at {server}: start one with "
                 "`identity-server serve`, or check --server (and --tls-ca, for a server with TLS)")
     timeout = getattr(args, "timeout", None)
-    if code is grpc.StatusCode.DEADLINE_EXCEEDED and server and timeout:
+    if code == "DEADLINE_EXCEEDED" and server and timeout:
         return f"\nhint: {server} did not answer within --timeout {timeout:g} s"
     return ""
 
@@ -269,6 +270,7 @@ def _import(args: argparse.Namespace) -> int:
         if args.server:
             with tqdm(unit="B", unit_scale=True, desc="sending", disable=_no_bar(),
                       file=sys.stderr) as bar:
+                report: ImportReport | ServerImportReport
                 report, stopped = remote.import_stream(args, raw, bar.update)
         else:
             report, stopped = _import_into_store(args, raw)

@@ -24,8 +24,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import grpc
-
+from identity_client import IdentityClient, IdentityError, RetryPolicy
 from identity_server.command_line import (
     add_command,
     add_log_format_option,
@@ -37,7 +36,6 @@ from identity_server.command_line import (
     tell,
     whole_number,
 )
-from ingest.client import IdentityClient, IdentityError, RetryPolicy
 from ingest.pipeline import (
     JobError,
     JobOptions,
@@ -114,7 +112,7 @@ def _client(settings: Settings, address: str) -> IdentityClient:
                            budget_seconds=settings.retry_budget_seconds),
         admin_token=settings.admin_token,
         token=_bearer_token(settings),
-        credentials=_tls_credentials(settings),
+        root_certificates=_tls_roots(settings),
     )
 
 
@@ -147,15 +145,14 @@ def _without_password(url: str) -> str:
         return url
 
 
-def _tls_credentials(settings: Settings) -> grpc.ChannelCredentials | None:
+def _tls_roots(settings: Settings) -> bytes | None:
     """TLS to a --server when --tls-ca is given (the embedded server listens on loopback only)."""
     if settings.tls_ca is None or not settings.server:
         return None
     try:
-        roots = settings.tls_ca.read_bytes()
+        return settings.tls_ca.read_bytes()
     except OSError as e:
         raise JobError(f"cannot read the TLS root certificates {settings.tls_ca}: {e}") from e
-    return grpc.ssl_channel_credentials(root_certificates=roots)
 
 
 def _progress(settings: Settings, total: int | None) -> tuple[Callable[[int], object], Any]:
@@ -338,9 +335,12 @@ def cmd_sync(settings: Settings) -> int:
     assert settings.db is not None
     with GraphSink(settings.db) as sink, identity_server_address(settings) as address, \
             _client(settings, address) as client:
-        result = sync_redirects(client, sink, store=_store_name(settings))
+        result = sync_redirects(client, sink, store=_store_name(settings), names=True)
     sys.stdout.write(f"changes read: {result.changes} (up to sequence {result.last_sequence})\n"
-                     f"new merges:   {result.merges}\nopen links:   {result.links}\n")
+                     f"new merges:   {result.merges}\nopen links:   {result.links}\n"
+                     f"names synced: {result.named}\n")
+    if result.unknown:
+        sys.stdout.write(f"unknown ids:  {result.unknown} (not in the identity store)\n")
     return 0
 
 
@@ -464,6 +464,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (JobError, SinkError, InputError, VocabularyError, IdentityError, WorkerFailed) as e:
         logger.debug("job failed", exc_info=True)
         tell(logger, logging.ERROR, f"{e}", prefix="ingest: error: ")
+        if "serving without TLS?" in str(e):
+            # A plaintext call to a TLS server fails as one to no server does.
+            tell(logger, logging.ERROR, "a server run with TLS needs --tls-ca (INGEST_TLS_CA)",
+                 prefix="ingest: hint: ")
         return 1
     except KeyboardInterrupt:
         tell(logger, logging.WARNING, "interrupted; rerun the same command to continue",

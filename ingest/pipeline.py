@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
-from ingest.client import (
+from identity_client import (
     BatchOutcome,
     ChangeEvent,
+    ChangeKind,
+    Entity,
     IdentityClient,
     IdentityError,
     ItemFailure,
@@ -282,6 +284,9 @@ def run_job(
 ) -> Summary:
     """Ingests every paper of ``paths`` into ``sink``; returns the summary.
 
+    ``lines``: the input lines, read already (positions kept), instead of reading ``paths``: a
+    bucket of the distributed job (ingest.distributed).
+
     Raises JobError when the job cannot go on; everything written before stays (whole papers).
     """
     opts = options or JobOptions()
@@ -406,6 +411,8 @@ class SyncResult:
     merges: int
     links: int
     last_sequence: int
+    named: int = 0  # entities whose names were fetched (sync with names)
+    unknown: int = 0  # of those, ids the server does not know
 
 
 def check_same_store(client: IdentityClient, sink: GraphSink, *,
@@ -463,25 +470,68 @@ def _another_store(store: str, found: str, guess: str = "") -> JobError:
         f"(--identity-db or --server), or write to a new graph file")
 
 
-def sync_redirects(client: IdentityClient, sink: GraphSink, *, store: str = "") -> SyncResult:
+# Changes after which an entity's name, type, status or aliases may read differently.
+_RENAMING = frozenset({ChangeKind.ALIAS_ADDED, ChangeKind.TYPE_UPGRADED, ChangeKind.PROMOTED,
+                       ChangeKind.MERGED, ChangeKind.IMPORTED, ChangeKind.LINK_SETTLED})
+NAME_FETCHES = 16  # GetEntity calls in flight while names are synced
+
+
+def sync_redirects(client: IdentityClient, sink: GraphSink, *, store: str = "",
+                   names: bool = False) -> SyncResult:
     """Pulls the change feed after the stored position: merges become redirects (chains
-    resolved); the open possibly_same_as links are refreshed for ``stats``. `store`: as
-    ``check_same_store`` takes it."""
+    resolved); the open possibly_same_as links are refreshed for ``stats``; with `names`, the
+    server's names of the entities the graph refers to (new ones, and those the feed says
+    changed). `store`: as ``check_same_store`` takes it."""
     anchor = check_same_store(client, sink, store=store)
     after = anchor.sequence if anchor is not None else 0  # the graph's stored position
     merges: list[ChangeEvent] = []
+    touched: set[str] = set()
     count, last = 0, after
     for change in client.list_changes(after):
         count += 1
         if change.sequence >= last:
             last, anchor = change.sequence, change
-        if change.kind == "merged":
+        if change.kind == ChangeKind.MERGED:
             merges.append(change)
+        if change.kind in _RENAMING:
+            touched.update(i for i in (change.entity_id, change.other_id) if i)
     links = client.list_possibly_same_as()
     new = sink.apply_changes(merges, links, last_sequence=last, anchor=anchor)
     logger.info("sync: %d changes after %d, %d merges, %d open links", count, after, new,
                 len(links))
-    return SyncResult(count, new, len(links), last)
+    named, unknown = sync_names(client, sink, touched, last) if names else (0, 0)
+    return SyncResult(count, new, len(links), last, named, unknown)
+
+
+def sync_names(client: IdentityClient, sink: GraphSink, touched: set[str],
+               sequence: int) -> tuple[int, int]:
+    """Fetches the names the graph lacks (and those of `touched` entities) and stores them in
+    parts, so a killed sync keeps what it fetched. Returns (fetched, unknown to the server)."""
+    wanted = sink.ids_to_name(touched)
+    unknown = 0
+
+    def fetch(entity_id: str) -> Entity | None:
+        try:
+            return client.get_entity(entity_id, max_surface_forms=0)
+        except IdentityError as e:
+            if e.code != "NOT_FOUND":
+                raise
+            return None
+
+    with ThreadPoolExecutor(NAME_FETCHES, thread_name_prefix="names") as pool:
+        for start in range(0, len(wanted), _NAMES_PART):
+            found = list(pool.map(fetch, wanted[start:start + _NAMES_PART]))
+            known = [e for e in found if e is not None]
+            unknown += len(found) - len(known)
+            sink.store_entity_names(known, sequence)
+            logger.info("sync: names of %d of %d entities", start + len(found), len(wanted))
+    if unknown:
+        logger.warning("sync: the identity server knows %d of the graph's ids not at all "
+                       "(they keep no server name)", unknown)
+    return len(wanted) - unknown, unknown
+
+
+_NAMES_PART = 5000
 
 
 def wait_interruptibly(future: Future[T]) -> T:

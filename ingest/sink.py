@@ -22,12 +22,13 @@ from typing import Any, Self
 import duckdb
 import pyarrow as pa
 
-from ingest.client import ChangeEvent, Link, Resolution
+from identity_client import ChangeEvent, Entity, Link, Resolution
 from ingest.validate import CheckedPaper, LineReject, Reject
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+# 2: recorded_at columns are timestamps, not text; entity_names (see _upgrade).
+SCHEMA_VERSION = 2
 
 _SPAN_SQL = 'STRUCT("start" BIGINT, "end" BIGINT)'
 _COUNTS_SQL = ("STRUCT(mentions INTEGER, relationships INTEGER, rejects INTEGER, "
@@ -99,7 +100,7 @@ CREATE TABLE IF NOT EXISTS redirects (
     to_id VARCHAR NOT NULL,
     merged_into VARCHAR NOT NULL,
     sequence BIGINT NOT NULL,
-    recorded_at VARCHAR
+    recorded_at TIMESTAMPTZ
 );
 CREATE TABLE IF NOT EXISTS possibly_same_as (
     entity_id VARCHAR NOT NULL,
@@ -116,7 +117,17 @@ CREATE TABLE IF NOT EXISTS feed_anchor (
     feed VARCHAR NOT NULL,
     sequence BIGINT NOT NULL,
     entity_id VARCHAR NOT NULL,
-    recorded_at VARCHAR NOT NULL
+    recorded_at TIMESTAMPTZ NOT NULL
+);
+-- What the identity server calls each entity the graph refers to (`ingest sync` fills it):
+-- its name, type, status and aliases, as of the feed position `sequence`.
+CREATE TABLE IF NOT EXISTS entity_names (
+    entity_id VARCHAR NOT NULL,
+    name VARCHAR NOT NULL,
+    entity_type VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,
+    aliases VARCHAR[] NOT NULL,
+    sequence BIGINT NOT NULL
 );
 CREATE OR REPLACE VIEW mentions_resolved AS
     SELECT m.*, COALESCE(r.to_id, m.entity_id) AS resolved_id
@@ -156,8 +167,13 @@ CREATE OR REPLACE VIEW entities AS
            any_value(typed.entity_type) AS entity_type,
            count(*) AS mention_count,
            count(DISTINCT paper_id) AS paper_count,
-           list(DISTINCT display_form ORDER BY display_form) AS spellings
+           list(DISTINCT display_form ORDER BY display_form) AS spellings,
+           -- The identity server's own name for it, as of the last `ingest sync`.
+           any_value(en.name) AS server_name,
+           any_value(en.status) AS status,
+           any_value(en.aliases) AS aliases
     FROM seen JOIN named USING (resolved_id) JOIN typed USING (resolved_id)
+    LEFT JOIN entity_names en ON en.entity_id = seen.resolved_id
     GROUP BY seen.resolved_id;
 """
 # The tables and views SCHEMA_SQL makes: a graph opened read-only must have them all.
@@ -202,10 +218,14 @@ REJECTS_SCHEMA = pa.schema([
 ])
 REDIRECTS_SCHEMA = pa.schema([
     ("from_id", pa.string()), ("to_id", pa.string()), ("merged_into", pa.string()),
-    ("sequence", pa.int64()), ("recorded_at", pa.string()),
+    ("sequence", pa.int64()), ("recorded_at", _TS),
 ])
 CLOSE_SCHEMA = pa.schema([
     ("paper_id", pa.string()), ("revision", pa.string()), ("content_hash", pa.string()),
+])
+ENTITY_NAMES_SCHEMA = pa.schema([
+    ("entity_id", pa.string()), ("name", pa.string()), ("entity_type", pa.string()),
+    ("status", pa.string()), ("aliases", pa.list_(pa.string())), ("sequence", pa.int64()),
 ])
 LINKS_SCHEMA = pa.schema([
     ("entity_id", pa.string()), ("other_id", pa.string()), ("sequence", pa.int64()),
@@ -301,7 +321,7 @@ class _Rows:
                         schema=self.schema)
 
 
-def _refuse_sqlite(path: Path) -> None:
+def refuse_sqlite(path: Path) -> None:
     """DuckDB opens a SQLite file through an extension it would download: name the mistake
     (an identity store given as the graph) instead."""
     try:
@@ -321,7 +341,7 @@ class GraphSink:
         """Open (creating its tables) the graph at path; read_only: open an existing graph
         without writing anything (refusing a DuckDB file that ingest did not write)."""
         self.path = str(path)
-        _refuse_sqlite(Path(path))
+        refuse_sqlite(Path(path))
         try:
             self._con = duckdb.connect(self.path, read_only=read_only)
         except duckdb.Error as e:
@@ -350,12 +370,26 @@ class GraphSink:
             self._con.execute(SCHEMA_SQL)
             if not self._con.execute("SELECT count(*) FROM schema_info").fetchall()[0][0]:
                 self._con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
+            self._upgrade()
         except duckdb.Error as e:
             self._con.close()
             raise SinkError(f"cannot open graph database {self.path}: {e}") from e
         except SinkError:
             self._con.close()
             raise
+
+    def _upgrade(self) -> None:
+        """Brings a graph of schema version 1 up to date, in one transaction: its recorded_at
+        columns held the server's RFC 3339 text."""
+        version = self._con.execute("SELECT max(version) FROM schema_info").fetchall()[0][0]
+        if version >= SCHEMA_VERSION:
+            return
+        self._con.begin()
+        for table in ("redirects", "feed_anchor"):
+            self._con.execute(f"ALTER TABLE {table} ALTER recorded_at SET DATA TYPE TIMESTAMPTZ "
+                              "USING CAST(recorded_at AS TIMESTAMPTZ)")
+        self._con.execute("UPDATE schema_info SET version = ?", [SCHEMA_VERSION])
+        self._con.commit()
 
     def close(self) -> None:
         self._con.close()
@@ -419,12 +453,12 @@ class GraphSink:
             "SELECT max(last_sequence) FROM sync_state WHERE feed = ?", [feed]).fetchall()
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
-    def feed_anchor(self, feed: str = "identity") -> tuple[int, str, str] | None:
+    def feed_anchor(self, feed: str = "identity") -> tuple[int, str, datetime] | None:
         """(sequence, entity id, recorded at) of the last change synced, if recorded."""
         rows = self._con.execute(
             "SELECT sequence, entity_id, recorded_at FROM feed_anchor WHERE feed = ? "
             "ORDER BY sequence DESC LIMIT 1", [feed]).fetchall()
-        return (int(rows[0][0]), str(rows[0][1]), str(rows[0][2])) if rows else None
+        return (int(rows[0][0]), str(rows[0][1]), rows[0][2]) if rows else None
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Runs a read-only query (used by ``stats`` and tests)."""
@@ -571,7 +605,7 @@ class GraphSink:
             if n_mentions:
                 index, mention_id, text, etype, span = zip(*paper.mentions, strict=True)
                 (entity_id, status, kind, created, rtype, _name, matched, display, _candidates,
-                 _possibly) = zip(*resolutions, strict=True)
+                 _possibly, _scores) = zip(*resolutions, strict=True)
                 if entry.earlier_ids:
                     created = tuple(c and e not in entry.earlier_ids
                                     for c, e in zip(created, entity_id, strict=True))
@@ -680,6 +714,40 @@ class GraphSink:
 
     # -- sync ----------------------------------------------------------------------------------
 
+    def ids_to_name(self, touched: Iterable[str]) -> list[str]:
+        """The entities the graph refers to (current mentions, through redirects) whose names
+        are not stored yet, or were `touched` by changes since: what `ingest sync` asks for."""
+        rows = self._con.execute(
+            "WITH touched AS (SELECT unnest(?::VARCHAR[]) AS entity_id) "
+            "SELECT DISTINCT m.resolved_id FROM mentions_resolved m "
+            "LEFT JOIN entity_names n ON n.entity_id = m.resolved_id "
+            "WHERE m.is_current AND (n.entity_id IS NULL "
+            "OR m.resolved_id IN (SELECT entity_id FROM touched)) ORDER BY 1",
+            [sorted(set(touched))]).fetchall()
+        return [r[0] for r in rows]
+
+    def store_entity_names(self, entities: Sequence[Entity], sequence: int) -> None:
+        """Replaces the stored names of these entities with the server's, in one transaction."""
+        table = pa.Table.from_pydict({
+            "entity_id": [e.entity_id for e in entities],
+            "name": [e.name for e in entities],
+            "entity_type": [e.entity_type for e in entities],
+            "status": [str(e.status) for e in entities],
+            "aliases": [list(e.aliases) for e in entities],
+            "sequence": [sequence] * len(entities),
+        }, schema=ENTITY_NAMES_SCHEMA)
+        try:
+            self._con.begin()
+            self._con.register("_names", table)
+            self._con.execute("DELETE FROM entity_names WHERE entity_id IN "
+                              "(SELECT entity_id FROM _names)")
+            self._con.execute("INSERT INTO entity_names SELECT * FROM _names")
+            self._con.unregister("_names")
+            self._con.commit()
+        except duckdb.Error as e:
+            self._rollback()
+            raise SinkError(f"cannot store entity names in {self.path}: {e}") from e
+
     def apply_changes(self, changes: Sequence[ChangeEvent], links: Sequence[Link] | None,
                       *, last_sequence: int = 0, feed: str = "identity",
                       anchor: ChangeEvent | None = None) -> int:
@@ -691,7 +759,7 @@ class GraphSink:
         merges = [c for c in changes if c.kind == "merged" and c.entity_id and c.other_id]
         try:
             self._con.begin()
-            direct: dict[str, tuple[str, int, str]] = {
+            direct: dict[str, tuple[str, int, datetime]] = {
                 row[0]: (row[1], row[2], row[3]) for row in self._con.execute(
                     "SELECT from_id, merged_into, sequence, recorded_at FROM redirects"
                 ).fetchall()

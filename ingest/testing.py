@@ -36,7 +36,7 @@ import grpc
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
-from ingest.client import MAX_BATCH_SIZE_KEY
+from identity_client import MAX_BATCH_SIZE_KEY
 
 logger = logging.getLogger(__name__)
 

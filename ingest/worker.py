@@ -27,8 +27,8 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any, Protocol, Self
 
+from identity_client import BatchOutcome, IdentityError, ServerUnavailable
 from identity_server.command_line import configure_logging
-from ingest.client import BatchOutcome, IdentityError, ServerUnavailable
 from ingest.pipeline import (
     Earlier,
     JobError,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.client import IdentityClient, RetryPolicy
+from identity_client import IdentityClient, RetryPolicy
 from ingest.testing import serve_stub
 
 ADMIN_TOKEN = "contract-secret"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.client import IdentityClient, IdentityError, ItemFailure, Resolution
+from identity_client import IdentityClient, IdentityError, ItemFailure, Resolution
 
 
 def test_new_then_exact_then_case(identity: IdentityClient) -> None:

@@ -14,6 +14,7 @@ import pytest
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
+import identity_client._protocol
 from identity_server import cli, remote
 from identity_server.server import RunningServer
 from tests.conftest import ADMIN_TOKEN
@@ -93,7 +94,7 @@ def test_links_marks_canonical_entities_and_placeholders(
 def test_links_pages_through_the_queue_up_to_the_limit(
         server: RunningServer, stub: pb_grpc.IdentityServiceStub, capsys: CaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(remote, "_PAGE", 2)  # several pages from a few links
+    monkeypatch.setattr(identity_client._protocol, "PAGE_SIZE", 2)  # several pages, few links
     pairs = [_weak_pair(stub, f"{c}1", f"{c}-1") for c in "ABCDE"]
     capsys.readouterr()
 

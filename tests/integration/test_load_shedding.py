@@ -14,9 +14,9 @@ import grpc
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
+from identity_client import IdentityClient, RetryPolicy
 from identity_server.server import start_server
 from identity_server.settings import Settings
-from ingest.client import IdentityClient, RetryPolicy
 
 T = 20.0
 

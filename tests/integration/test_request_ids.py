@@ -11,8 +11,8 @@ import pytest
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
 
+from identity_client import IdentityClient, request_id_of
 from identity_server.server import RunningServer
-from ingest.client import IdentityClient, request_id_of
 
 T = 10.0
 

@@ -71,8 +71,8 @@ def test_unreachable_server_exits_non_zero(
     err = capsys.readouterr().err
     assert "UNAVAILABLE" in err
     # a plaintext call to a TLS server fails just so: the message says what to check
-    assert f"is the identity server at {address} running and serving without TLS (else give " \
-           "--tls-ca)?" in err
+    assert f"is the identity server at {address} running and serving without TLS?" in err
+    assert "hint: a server run with TLS needs --tls-ca" in err
 
 
 def test_missing_input_exits_non_zero(tmp_path: Path, stub: StubServer,

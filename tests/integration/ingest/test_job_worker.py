@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from identity_client import IdentityClient, RetryPolicy
 from ingest.cli import _in_worker, _job
-from ingest.client import IdentityClient, RetryPolicy
 from ingest.pipeline import JobOptions, Summary, run_job
 from ingest.settings import Settings
 from ingest.sink import GraphSink

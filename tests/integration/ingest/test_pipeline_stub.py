@@ -13,8 +13,8 @@ import duckdb
 import grpc
 import pytest
 
+from identity_client import IdentityClient, IdentityError, RetryPolicy, ServerUnavailable
 from ingest.cli import main
-from ingest.client import IdentityClient, IdentityError, RetryPolicy, ServerUnavailable
 from ingest.models import Limits
 from ingest.pipeline import JobError, JobOptions, Summary, run_job, sync_redirects
 from ingest.sink import GraphSink
@@ -234,7 +234,7 @@ def test_unavailable_server_is_retried(
     corpus = jsonl(tmp_path / "in.jsonl", synthetic_papers(20, mentions_per_paper=5,
                                                            relationships_per_paper=3, seed=9))
     stub.servicer.fail_next(6)
-    with caplog.at_level(logging.DEBUG, logger="ingest.client"):
+    with caplog.at_level(logging.DEBUG, logger="identity_client"):
         summary, retries = ingest([corpus], tmp_path / "g.duckdb", stub.address, concurrency=1)
     assert retries == 6
     assert summary.ingested == 20

@@ -15,8 +15,8 @@ from typing import Any
 import duckdb
 import pytest
 
+from identity_client import IdentityClient, Resolution, RetryPolicy
 from ingest.cli import main
-from ingest.client import IdentityClient, Resolution, RetryPolicy
 from ingest.pipeline import JobOptions, run_job, sync_redirects
 from ingest.sink import GraphSink
 
@@ -392,3 +392,48 @@ def test_a_paper_beyond_the_servers_batch_limit_is_resolved_in_parts(tmp_path: P
     kinds = dict(rows(db, "SELECT mention_id, match_kind FROM mentions"))
     assert (kinds["m6"], kinds["m8"]) == ("case", "exact")
     assert rows(db, "SELECT count(*) FROM relationships") == [(2,)]
+
+
+def test_sync_brings_the_servers_names_into_the_entities_view(
+        tmp_path: Path, real_server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ingest sync` stores the server's name, status and aliases of every entity the graph
+    refers to; a later sync fetches again only the entities the change feed says changed."""
+    db = tmp_path / "graph.duckdb"
+    assert main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(db), "--server",
+                 real_server, "--no-progress"]) == 0
+    assert rows(db, "SELECT count(*) FROM entities WHERE server_name IS NOT NULL") == [(0,)]
+    assert main(["sync", "--db", str(db), "--server", real_server]) == 0
+    entities = rows(db, "SELECT count(*) FROM entities")[0][0]
+    assert f"names synced: {entities}" in capsys.readouterr().out
+    assert rows(db, "SELECT count(*) FROM entities WHERE server_name IS NULL") == [(0,)]
+    (target, spelling), = rows(
+        db, "SELECT entity_id, name FROM entities WHERE status = 'provisional' "
+            "ORDER BY mention_count DESC, entity_id LIMIT 1")
+    with IdentityClient(real_server, policy=POLICY, admin_token=TOKEN) as client:
+        before = client.get_entity(target)
+        assert rows(db, f"SELECT server_name, status, aliases FROM entities "
+                        f"WHERE entity_id = '{target}'") == [(before.name, "provisional", [])]
+        client.add_alias(target, "Zq Alias Form")
+        client.promote(target)
+    assert main(["sync", "--db", str(db), "--server", real_server]) == 0
+    assert "names synced: 1\n" in capsys.readouterr().out
+    assert rows(db, f"SELECT server_name, status, aliases, name FROM entities "
+                    f"WHERE entity_id = '{target}'") == [
+        (before.name, "canonical", ["Zq Alias Form"], spelling)]
+
+
+def test_redirects_record_when_the_server_merged_as_a_timestamp(
+        tmp_path: Path, real_server: str) -> None:
+    db = tmp_path / "graph.duckdb"
+    assert main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(db), "--server",
+                 real_server, "--no-progress"]) == 0
+    (a,), (b,) = rows(db, "SELECT DISTINCT entity_id FROM mentions WHERE resolved_type = "
+                          "'method' ORDER BY 1 LIMIT 2")
+    with IdentityClient(real_server, policy=POLICY, admin_token=TOKEN) as client:
+        client.merge(a, b)
+        merged_at = next(c.recorded_at for c in client.list_changes() if c.kind == "merged")
+    assert main(["sync", "--db", str(db), "--server", real_server]) == 0
+    assert rows(db, "SELECT typeof(recorded_at), recorded_at FROM redirects") == [
+        ("TIMESTAMP WITH TIME ZONE", merged_at)]
+    assert rows(db, "SELECT typeof(recorded_at) FROM feed_anchor") == [
+        ("TIMESTAMP WITH TIME ZONE",)]

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
+import duckdb
 import pytest
 
-from ingest.client import ChangeEvent, Link
+from identity_client import ChangeEvent, ChangeKind, Link
 from ingest.sink import GraphSink, SinkError
 
 
 def merged(seq: int, source: str, target: str) -> ChangeEvent:
-    return ChangeEvent(seq, "merged", source, target, "{}", "2026-01-01T00:00:00Z")
+    return ChangeEvent(seq, ChangeKind.MERGED, source, target, "{}",
+                       datetime(2026, 1, 1, tzinfo=UTC))
 
 
 def test_redirect_chains_resolve_across_syncs(tmp_path: Path) -> None:
@@ -55,3 +58,31 @@ def test_a_locked_database_is_a_sink_error(tmp_path: Path) -> None:
         holder.wait(timeout=10)
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+def test_a_graph_of_schema_version_1_is_brought_up_to_date_when_opened(tmp_path: Path) -> None:
+    """Version 1 kept the server's RFC 3339 text in recorded_at and had no entity_names."""
+    path = tmp_path / "g.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("""
+        CREATE TABLE schema_info (version INTEGER NOT NULL);
+        INSERT INTO schema_info VALUES (1);
+        CREATE TABLE redirects (from_id VARCHAR NOT NULL, to_id VARCHAR NOT NULL,
+            merged_into VARCHAR NOT NULL, sequence BIGINT NOT NULL, recorded_at VARCHAR);
+        INSERT INTO redirects VALUES ('a', 'b', 'b', 3, '2026-01-02T03:04:05.123456Z');
+        CREATE TABLE feed_anchor (feed VARCHAR NOT NULL, sequence BIGINT NOT NULL,
+            entity_id VARCHAR NOT NULL, recorded_at VARCHAR NOT NULL);
+        INSERT INTO feed_anchor VALUES ('identity', 3, 'a', '2026-01-02T03:04:05.123456Z');
+    """)
+    con.close()
+    with pytest.raises(SinkError, match="older ingest"):
+        GraphSink(path, read_only=True)  # a reader is told to sync it, and changes nothing
+    when = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+    with GraphSink(path) as sink:
+        assert sink.query("SELECT version FROM schema_info") == [(2,)]
+        assert sink.query("SELECT typeof(recorded_at), recorded_at FROM redirects") == [
+            ("TIMESTAMP WITH TIME ZONE", when)]
+        assert sink.feed_anchor() == (3, "a", when)
+        assert sink.query("SELECT count(*) FROM entity_names") == [(0,)]
+    with GraphSink(path, read_only=True) as reader:
+        assert reader.query("SELECT from_id, to_id FROM redirects") == [("a", "b")]
