@@ -122,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--reconcile-port", type=int,
                        help="serve the W3C Reconciliation API (OpenRefine) over HTTP on this "
                        "port, at /reconcile (default: off)")
+    serve.add_argument("--workers", type=int,
+                       help="server processes on the one port (default 1; more than 1 needs a "
+                       "shared store: a SQLite file or PostgreSQL; docs/scaling.md)")
     serve.set_defaults(run=_serve)
 
     exp = add_command(sub, "export", help="write every entity (name, aliases, status, redirect, "
@@ -213,7 +216,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args, "db_url", "host", "port", "admin_token", "strict_types",
                          "promote_after_papers", "tls_cert", "tls_key", "tokens_file",
-                         "tls_client_ca", "metrics_port", "reconcile_port")
+                         "tls_client_ca", "metrics_port", "reconcile_port", "workers")
+    if settings.workers > 1:
+        from identity_server.workers import serve_workers
+
+        return serve_workers(settings, ready=lambda port: print(
+            f"listening on {address(settings.host, port)}", flush=True))
     running = start_server(settings)
     serve_until_signalled(running, settings.grace_seconds, ready=lambda: print(
         f"listening on {address(settings.host, running.port)}", flush=True),

@@ -44,8 +44,16 @@ STORE_PROBE_TIMEOUT_S = 10.0
 GRPC_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.so_reuseport", 0),
+    ("grpc.so_reuseport", 0),  # a port in use is an error, not silently shared
 ]
+
+
+def grpc_options(settings: Settings) -> list[tuple[str, int]]:
+    """GRPC_OPTIONS, with SO_REUSEPORT on for `--workers` N > 1: every worker binds the port
+    its supervisor chose, and the kernel spreads connections among them."""
+    if settings.workers == 1:
+        return GRPC_OPTIONS
+    return [(name, 1 if name == "grpc.so_reuseport" else value) for name, value in GRPC_OPTIONS]
 
 
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
@@ -206,7 +214,7 @@ def _warn_if_open(settings: Settings, access: AccessPolicy, tls: bool, listen: s
         logger.warning("%s", message)
 
 
-def _check_listen_address(host: str, port: int) -> None:
+def check_listen_address(host: str, port: int) -> None:
     """Refuse, with the system's reason, an address this machine cannot listen on (a port in
     use, a host that is not one of its addresses or does not resolve), before the store is
     opened and the index built: seconds to minutes at millions of entities. A port taken
@@ -234,8 +242,8 @@ def start_server(settings: Settings, *, service: IdentityService | None = None) 
     """Start serving on settings.host:settings.port (0 picks a free port; see .port)."""
     credentials = _tls_credentials(settings)
     access = access_policy(settings)
-    if service is None:
-        _check_listen_address(settings.host, settings.port)
+    if service is None and settings.workers == 1:  # with workers, the supervisor checked
+        check_listen_address(settings.host, settings.port)
     own_service = service is None
     service = service or build_service(settings)
     try:
@@ -263,7 +271,7 @@ async def _serve(settings: Settings, service: IdentityService,
                  credentials: grpc.ServerCredentials | None, access: AccessPolicy,
                  loop: EventLoopThread, handlers: futures.ThreadPoolExecutor) -> RunningServer:
     """Build and start the server on the loop's thread (aio objects belong to their loop)."""
-    server = grpc.aio.server(migration_thread_pool=handlers, options=GRPC_OPTIONS)
+    server = grpc.aio.server(migration_thread_pool=handlers, options=grpc_options(settings))
     metrics = Metrics(service) if settings.metrics_port is not None else None
     servicer = IdentityServicer(service, access=access, blocking=handlers,
                                 max_followers=max(1, settings.max_workers // 4),

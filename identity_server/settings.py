@@ -109,6 +109,11 @@ class Settings(BaseSettings):
                     "so load balancers stop sending new ones, before the graceful stop.",
     )
     max_workers: int = Field(default=16, ge=1, description="Threads for calls that may wait on the store.")
+    workers: int = Field(
+        default=1, ge=1,
+        description="Server processes on one port (SO_REUSEPORT) under one supervisor; more "
+                    "than 1 needs a store they share (a SQLite file or PostgreSQL).",
+    )
     grace_seconds: float = Field(default=5.0, ge=0, allow_inf_nan=False,
                                  description="Shutdown grace period.")
     core: Literal["auto", "reference", "compiled"] = Field(

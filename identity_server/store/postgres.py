@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, make_url, select
@@ -45,6 +45,9 @@ class PostgresStore(SqlStore):
         self._waiting_for_lock: set[Any] = set()
         self._writes = 0
         self._writes_done = threading.Condition()
+        # Told how long each committed write held the replicas' lock, from granted to committed
+        # (benchmarks/bench_workers.py: the lock's share of the time, the processes it allows).
+        self.lock_hold_observer: Callable[[float], None] | None = None
         super().__init__(url, busy_timeout_s=busy_timeout_s)
 
     def _create_engine(self) -> Engine:
@@ -90,10 +93,15 @@ class PostgresStore(SqlStore):
             self._writes += 1
         try:
             started = time.perf_counter()
-            with self.engine.connect() as conn, conn.begin():
-                self._lock(conn)
-                self._observe_lock_wait(time.perf_counter() - started)
-                yield Tx(conn, False)
+            with self.engine.connect() as conn:
+                with conn.begin():
+                    self._lock(conn)
+                    locked = time.perf_counter()
+                    self._observe_lock_wait(locked - started)
+                    yield Tx(conn, False)
+                held = self.lock_hold_observer
+                if held is not None:
+                    held(time.perf_counter() - locked)
         finally:
             with self._writes_done:
                 self._writes -= 1
