@@ -240,6 +240,7 @@ def cmd_run(settings: Settings, paths: Sequence[str], summary_json: Path | None 
     files = expand_paths(paths)  # once: a directory without inputs is reported once
     total = _count_lines(files)
     job_args = (settings.db, files, options, total, settings)
+    _refuse_catalog(settings.db)
     with ExitStack() as stack:
         # The graph opens first: one that cannot open fails before a server is started.
         sink = stack.enter_context(GraphSink(settings.db))
@@ -267,6 +268,119 @@ def cmd_run(settings: Settings, paths: Sequence[str], summary_json: Path | None 
     if summary_json is not None:
         _write_summary_json(summary_json, summary, client.retries, merges)
     return 0
+
+
+def _refuse_catalog(db: Path) -> None:
+    from ingest.catalog import is_catalog
+
+    if is_catalog(db):
+        raise SinkError(f"{db} is a catalog of shards written by `ingest run --engine dask`: "
+                        "run it with --engine dask, or give --engine local a new graph file")
+
+
+def cmd_run_dask(settings: Settings, paths: Sequence[str], summary_json: Path | None, *,
+                 scheduler: str | None, workers: int | None, buckets: int | None) -> int:
+    """`run --engine dask`: the input split into buckets, one Dask task a bucket, each into a
+    shard of its own; the graph at --db is a catalog of views over them (ingest.distributed)."""
+    from ingest.catalog import open_catalog, run_lock
+    from ingest.distributed import ClientSettings, ClusterOptions, run_distributed
+
+    assert settings.db is not None
+    vocabulary = (load_vocabulary(settings.vocabulary_file) if settings.vocabulary_file
+                  else default_vocabulary())
+    options = JobOptions(concurrency=settings.effective_concurrency(), limits=settings.limits(),
+                         vocabulary=vocabulary, group_papers=settings.group_papers)
+    files = expand_paths(paths)
+    total = _count_lines(files)
+    cluster = ClusterOptions(scheduler=scheduler, workers=workers or 2)
+    _quiet_dask()
+    with ExitStack() as stack:
+        # The catalog first: one that cannot be used fails before a server or cluster starts.
+        layout, buckets = open_catalog(settings.db, buckets)
+        stack.enter_context(run_lock(layout))
+        address = stack.enter_context(identity_server_address(settings))
+        client = stack.enter_context(_client(settings, address))
+        store = _store_name(settings)
+        with GraphSink(settings.db) as sink:  # closed again: readers may open the catalog
+            check_same_store(client, sink, store=store)
+        tasks_client = ClientSettings(
+            address, settings.deadline_seconds, settings.retry_budget_seconds,
+            admin_token=settings.admin_token, token=_bearer_token(settings),
+            tls_roots=_tls_roots(settings))
+        staged, staging_bar = _progress(settings, total)
+        if staging_bar is not None:
+            stack.callback(staging_bar.close)
+        done = _BucketProgress(settings, buckets)
+        stack.callback(done.close)
+        summary, task_retries = run_distributed(
+            files, layout=layout, buckets=buckets, options=options, client=tasks_client,
+            cluster=cluster, progress=done.update, staging_progress=staged)
+        try:
+            with GraphSink(settings.db) as sink:
+                merges = sync_redirects(client, sink, store=store).merges
+        except (IdentityError, SinkError) as e:
+            # The papers are stored (and published); only the redirects are stale.
+            logger.warning("sync after the run failed (%s); run `ingest sync` later", e)
+            merges = 0
+    retries = client.retries + task_retries
+    _print_summary(summary, retries, merges)
+    if summary_json is not None:
+        _write_summary_json(summary_json, summary, retries, merges)
+    return 0
+
+
+def _quiet_dask() -> None:
+    """Dask logs its cluster's comings and goings at info, and -v is about the job's own."""
+    import distributed  # noqa: F401  (it sets its loggers' levels as it is imported)
+
+    if logging.root.level > logging.DEBUG:
+        logging.getLogger("distributed").setLevel(logging.WARNING)
+
+
+class _BucketProgress:
+    """The distributed job's progress: buckets done of the total, and papers a second (a bar on
+    a terminal; else a line, or a JSON record, now and then and at the end)."""
+
+    def __init__(self, settings: Settings, total: int) -> None:
+        self._total = total
+        self._papers = 0
+        self._started = time.monotonic()
+        self._next = self._started + LOG_PROGRESS_EVERY_S
+        self._bar: Any = None
+        self._on = settings.progress
+        if self._on and not json_logs() and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, unit="bucket", file=sys.stderr, dynamic_ncols=True,
+                             disable=None, mininterval=0.25)
+        elif self._on and json_logs():
+            _progress_log.setLevel(logging.INFO)
+
+    def update(self, papers: int, done: int, total: int) -> None:
+        self._papers += papers
+        now = time.monotonic()
+        rate = self._papers / max(now - self._started, 1e-9)
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{rate:,.0f} papers/s", refresh=False)
+            self._bar.update(1)
+            return
+        if not self._on or (now < self._next and done < total):
+            return
+        self._next = now + LOG_PROGRESS_EVERY_S
+        if json_logs():
+            _progress_log.info("%d of %d buckets done (%s papers/s)", done, total,
+                               f"{rate:,.0f}",
+                               extra={"buckets_done": done, "buckets_total": total,
+                                      "papers_done": self._papers,
+                                      "papers_per_s": round(rate, 1)})
+            return
+        sys.stderr.write(f"ingest: {done:,} of {total:,} buckets done, {self._papers:,} papers "
+                         f"({rate:,.0f}/s)\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
 
 
 def summary_record(summary: Summary, retries: int, merges: int) -> dict[str, int | float]:
@@ -353,7 +467,7 @@ def cmd_stats(settings: Settings, top: int) -> int:
         def one(sql: str) -> Any:
             return sink.query(sql)[0][0]
 
-        out = [
+        out = _catalog_lines(sink) + [
             (f"papers:          {one('SELECT count(*) FROM papers WHERE is_current')} "
             f"({one('SELECT count(*) FROM papers')} revisions)"),
             f"mentions:        {one('SELECT count(*) FROM mentions WHERE is_current')}",
@@ -395,6 +509,15 @@ def cmd_stats(settings: Settings, top: int) -> int:
     return 0
 
 
+def _catalog_lines(sink: GraphSink) -> list[str]:
+    """A catalog of shards says so (`run --engine dask` wrote it); a single-file graph, nothing."""
+    if not sink.query("SELECT count(*) FROM information_schema.tables "
+                      "WHERE table_name = 'catalog_info'")[0][0]:
+        return []
+    buckets, shards = sink.query("SELECT buckets, shards FROM catalog_info")[0]
+    return [f"catalog:         {buckets} buckets, shards in {shards}"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ingest",
@@ -424,8 +547,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="no progress bar or progress lines (env INGEST_PROGRESS=false)")
     run.add_argument("--summary-json", type=Path, metavar="FILE",
                      help="also write the run's summary to FILE as JSON (- for standard output)")
+    run.add_argument("--engine", choices=("local", "dask"), default="local",
+                     help="local: one process (default); dask: buckets of papers on Dask "
+                          "distributed, the graph a catalog of shards (docs/ingest.md)")
+    run.add_argument("--scheduler", metavar="ADDRESS",
+                     help="--engine dask: a Dask scheduler (default: a local cluster)")
+    run.add_argument("--workers", type=_at_least_one,
+                     help="--engine dask: worker processes of the local cluster (default 2)")
+    run.add_argument("--buckets", type=_at_least_one,
+                     help="--engine dask: buckets the papers are split into (default: the "
+                          "catalog's, 16 for a new one)")
 
-    sync = add_command(sub, "sync", help="pull merges (redirects) and open links from the server")
+    sync = add_command(sub, "sync",
+                       help="pull merges (redirects), open links and entity names from the server")
     common(sync)
 
     stats = add_command(sub, "stats", help="what the graph holds")
@@ -433,6 +567,13 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--top", type=whole_number, default=10,
                        help="how many entities, and open links, to list (default 10)")
     return parser
+
+
+def _at_least_one(text: str) -> int:
+    n = whole_number(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text}")
+    return n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -455,7 +596,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"invalid setting: {describe_settings_error(e, 'INGEST_')}")
     if settings.db is None:
         command_parser(parser, args).error("--db is required (or set INGEST_DB)")
+    if args.command == "run" and args.engine != "dask":
+        given = [f for f in ("scheduler", "workers", "buckets") if getattr(args, f) is not None]
+        if given:
+            command_parser(parser, args).error(f"--{given[0]} needs --engine dask")
+    if args.command == "run" and args.scheduler is not None and args.workers is not None:
+        command_parser(parser, args).error(
+            "--workers starts a local cluster; with --scheduler, the scheduler's workers run")
     try:
+        if args.command == "run" and args.engine == "dask":
+            return cmd_run_dask(settings, args.paths, args.summary_json,
+                                scheduler=args.scheduler, workers=args.workers,
+                                buckets=args.buckets)
         if args.command == "run":
             return cmd_run(settings, args.paths, args.summary_json)
         if args.command == "sync":

@@ -281,6 +281,7 @@ def run_job(
     resolver: Resolver | ResolvesAhead,
     options: JobOptions | None = None,
     progress: Callable[[int], object] | None = None,
+    lines: Iterable[RawLine] | None = None,
 ) -> Summary:
     """Ingests every paper of ``paths`` into ``sink``; returns the summary.
 
@@ -361,8 +362,9 @@ def run_job(
                        earlier: Earlier) -> Future[ResolvedPaper | LineReject]:
                 return pool.submit(resolve_paper, resolver, paper, earlier=earlier)
         try:
-            for chunk in _chunks(read_inputs(paths, max_line_bytes=opts.limits.max_line_bytes),
-                                 opts.chunk_lines, opts.chunk_bytes):
+            if lines is None:
+                lines = read_inputs(paths, max_line_bytes=opts.limits.max_line_bytes)
+            for chunk in _chunks(lines, opts.chunk_lines, opts.chunk_bytes):
                 summary.lines_read += len(chunk)
                 parsed = [parse_line(raw, vocabulary=opts.vocabulary, limits=opts.limits)
                           for raw in chunk]
