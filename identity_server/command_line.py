@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import re
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -209,3 +210,13 @@ def tell(logger: logging.Logger, level: int, text: str, *, prefix: str = "",
         logger.log(level, "%s", text, extra=extra)
     else:
         print(prefix + text, file=sys.stderr)
+
+
+def how_it_ended(exitcode: int | None) -> str:
+    """A process's end as a person reads it: multiprocessing gives -N for signal N."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"

@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError
 
-from identity_server.command_line import configure_logging, log_format
+from identity_server.command_line import configure_logging, how_it_ended, log_format
 from identity_server.errors import IdentityError, InvalidArgument, StartupError
 from identity_server.settings import Settings
 
@@ -130,16 +130,6 @@ class _Worker:
                 os.kill(pid, signum)
             except ProcessLookupError:  # ended meanwhile: its sentinel tells
                 pass
-
-
-def how_it_ended(exitcode: int | None) -> str:
-    """A process's end as a person reads it: multiprocessing gives -N for signal N."""
-    if exitcode is not None and exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 def serve_workers(settings: Settings, *, ready: Callable[[int], object]) -> int:

@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Protocol, Self
 
 from identity_client import BatchOutcome, IdentityError, ServerUnavailable
-from identity_server.command_line import configure_logging
+from identity_server.command_line import configure_logging, how_it_ended
 from ingest.pipeline import (
     Earlier,
     JobError,
@@ -64,16 +64,6 @@ class Answerer(Protocol):
 def _gone() -> ServerUnavailable:
     return ServerUnavailable("ResolveBatch", "UNAVAILABLE",
                              "the job's process (and its embedded identity server) went away")
-
-
-def _how_it_ended(exitcode: int | None) -> str:
-    """A process's end as a person reads it: multiprocessing gives -N for signal N."""
-    if exitcode is not None and exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 class WorkerFailed(Exception):
@@ -282,7 +272,7 @@ class JobWorker:
             except (EOFError, OSError):
                 self._process.join(timeout=_STOP_GRACE_S)
                 end.set_exception(WorkerFailed(
-                    f"the job's worker process stopped ({_how_it_ended(self._process.exitcode)}) "
+                    f"the job's worker process stopped ({how_it_ended(self._process.exitcode)}) "
                     "before the job ended"))
                 return
             kind = message[0]

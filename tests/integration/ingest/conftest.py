@@ -43,6 +43,15 @@ def take_snapshot(db: Path, *, wall_clock: bool = False) -> Snapshot:
         con.close()
 
 
+def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    """What a query of the graph at db returns, read-only."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
 def write_jsonl(path: Path, papers: Iterable[Any]) -> Path:
     """Writes papers (dicts, or raw strings for deliberately broken lines)."""
     with path.open("w", encoding="utf-8") as f:

@@ -25,6 +25,7 @@ from ingest.pipeline import JobOptions, sync_redirects
 from ingest.sink import GraphSink
 from ingest.staging import bucket_of
 from ingest.testing import serve_stub, synthetic_papers
+from tests.integration.ingest.conftest import rows
 
 pytestmark = pytest.mark.slow
 
@@ -85,14 +86,6 @@ def graph(db: Path) -> dict[str, list[tuple[Any, ...]]]:
             out[table] = con.execute(
                 f"SELECT {', '.join(exprs)} FROM {table} ORDER BY ALL").fetchall()
         return out
-    finally:
-        con.close()
-
-
-def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
     finally:
         con.close()
 

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import grpc
 import pytest
 
@@ -19,6 +18,7 @@ from ingest.models import Limits
 from ingest.pipeline import JobError, JobOptions, Summary, run_job, sync_redirects
 from ingest.sink import GraphSink
 from ingest.testing import StubServer, serve_stub, stub_entity_id, synthetic_papers
+from tests.integration.ingest.conftest import rows
 
 FAST = RetryPolicy(deadline_seconds=5.0, budget_seconds=20.0, initial_backoff=0.01,
                    max_backoff=0.1)
@@ -30,14 +30,6 @@ def ingest(paths: list[Path], db: Path, address: str, *, policy: RetryPolicy = F
         summary = run_job(paths, sink=sink, resolver=client, options=JobOptions(**options))
         sync_redirects(client, sink)
         return summary, client.retries
-
-
-def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def small_paper(paper_id: str = "p1", revision: str | None = None,

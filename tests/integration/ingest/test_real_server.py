@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
 
 from identity_client import IdentityClient, Resolution, RetryPolicy
 from ingest.cli import main
 from ingest.pipeline import JobOptions, run_job, sync_redirects
 from ingest.sink import GraphSink
+from tests.integration.ingest.conftest import rows
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("identity_server.server") is None,
                                 reason="identity_server.server is not there yet")
@@ -26,14 +26,6 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("identity_server.server
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 TOKEN = "integration-secret"
 POLICY = RetryPolicy(deadline_seconds=10, budget_seconds=10, initial_backoff=0.02)
-
-
-def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 @pytest.fixture
