@@ -198,9 +198,11 @@ def dask_client(cluster: ClusterOptions) -> Iterator[distributed.Client]:
     with ExitStack() as stack:
         if cluster.scheduler is None:
             try:
+                # The scheduler serves HTTP (health, metrics) whatever the dashboard: on a free
+                # loopback port, never its default of every address's 8787.
                 local = distributed.LocalCluster(  # type: ignore[no-untyped-call]
                     n_workers=cluster.workers, threads_per_worker=1, processes=True,
-                    host="127.0.0.1", dashboard_address=None)
+                    host="127.0.0.1", dashboard_address="127.0.0.1:0")
             except Exception as e:
                 raise JobError(f"cannot start a local Dask cluster of {cluster.workers} "
                                f"workers: {e}") from e

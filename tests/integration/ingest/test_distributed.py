@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -316,3 +317,26 @@ def test_a_papers_bucket_is_the_same_in_every_process(paper_id: str) -> None:
     out = subprocess.run([sys.executable, "-c", script], text=True, capture_output=True,
                          env={**os.environ, "PYTHONHASHSEED": "random"}, check=True).stdout
     assert int(out) == bucket_of(paper_id, 16)
+
+
+def test_the_local_cluster_keeps_off_dasks_default_ports() -> None:
+    """Dask's scheduler serves HTTP on every address's port 8787 unless told otherwise: the
+    job's local cluster must start while another program holds that port, and its scheduler
+    must listen on loopback."""
+    from ingest.distributed import dask_client
+
+    holder = socket.socket()
+    try:
+        holder.bind(("0.0.0.0", 8787))
+        holder.listen()
+    except OSError:
+        holder.close()
+        pytest.skip("port 8787 is taken already: the cluster's start below proves the same")
+    try:
+        with dask_client(ClusterOptions(workers=1)) as dask:
+            info = dask.scheduler_info()
+            assert info["address"].startswith("tcp://127.0.0.1:")
+            assert 8787 not in info["services"].values()
+            assert len(dask.run(os.getpid)) == 1
+    finally:
+        holder.close()
