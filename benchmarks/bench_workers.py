@@ -31,7 +31,6 @@ database to connect to for CREATE DATABASE (default postgresql://postgres@127.0.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import itertools
 import json
 import logging
@@ -57,12 +56,14 @@ from benchmarks.common import (
     VENV_BIN,
     Row,
     ServerProcess,
+    alone_parser,
     child_env,
     cpu_seconds,
     drive,
     fmt_rate,
     median,
     process_tree,
+    run_alone,
 )
 from benchmarks.data import Stored, build_store, mention_mix, sample_entities
 from benchmarks.grpc_load import SERVICE, batch_requests
@@ -525,38 +526,13 @@ def _listed(values: Sequence[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_workers",
-                                     description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out")
-    parser.add_argument("--write-results", action="store_true",
-                        help="put the section into benchmarks/RESULTS.md (replacing its last)")
+    parser = alone_parser("python -m benchmarks.bench_workers", __doc__)
     parser.add_argument("--serve-instrumented", metavar="PG_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_instrumented:
         serve_instrumented(args.serve_instrumented)
         return
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(message)s")
-    from benchmarks.run import RESULTS_MD, machine, text_table
-
-    found = [r.to_json() for r in run(args.out.resolve(), quick=args.quick)]
-    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    text = section(found, machine(), date)
-    sys.stdout.write(text_table(found) + "\n\n" + text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "workers.json").write_text(json.dumps(found, indent=2) + "\n")
-    if args.write_results:
-        RESULTS_MD.write_text(with_section(RESULTS_MD.read_text(), text))
-
-
-def with_section(markdown: str, text: str) -> str:
-    """markdown with this benchmark's section replaced by text (or added at the end)."""
-    head, found, tail = markdown.partition(SECTION)
-    if not found:
-        return markdown.rstrip("\n") + "\n\n" + text
-    rest = tail.split("\n## ", 1)
-    return head + text + ("\n## " + rest[1] if len(rest) > 1 else "")
+    run_alone(args, title=SECTION, out_name="workers.json", run=run, section=section)
 
 
 if __name__ == "__main__":

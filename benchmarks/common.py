@@ -8,6 +8,7 @@ every loop is bounded in count and time.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import math
 import os
@@ -336,3 +337,47 @@ def drive(call: Callable[[Any], Any], requests: Sequence[Any], *, concurrency: i
         server_cpu = cpu_seconds(server_pid) - server_cpu
     return LoadResult(len(latencies), elapsed, latencies, errors[0], server_cpu,
                       cpu_seconds() - client_cpu)
+
+
+# -- a benchmark run on its own ----------------------------------------------------------------
+
+def alone_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
+    """The command line of a benchmark module run on its own (`python -m benchmarks.X`)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out")
+    parser.add_argument("--write-results", action="store_true",
+                        help="put the section into benchmarks/RESULTS.md (replacing its last)")
+    return parser
+
+
+def run_alone(args: argparse.Namespace, *, title: str, out_name: str,
+              run: Callable[..., Sequence[Row]],
+              section: Callable[[list[dict[str, Any]], dict[str, Any], str], str]) -> None:
+    """Runs one benchmark's rows, prints them and its RESULTS.md section (titled `title`), keeps
+    them in `out/out_name`, and with --write-results puts the section into RESULTS.md."""
+    import datetime as dt
+    import json
+    import logging
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(message)s")
+    from benchmarks.run import RESULTS_MD, machine, text_table
+
+    found = [r.to_json() for r in run(args.out.resolve(), quick=args.quick)]
+    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    text = section(found, machine(), date)
+    sys.stdout.write(text_table(found) + "\n\n" + text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / out_name).write_text(json.dumps(found, indent=2) + "\n")
+    if args.write_results:
+        RESULTS_MD.write_text(with_section(RESULTS_MD.read_text(), title, text))
+
+
+def with_section(markdown: str, title: str, text: str) -> str:
+    """markdown with the section titled `title` replaced by text (or added at the end)."""
+    head, found, tail = markdown.partition(title)
+    if not found:
+        return markdown.rstrip("\n") + "\n\n" + text
+    rest = tail.split("\n## ", 1)
+    return head + text + ("\n## " + rest[1] if len(rest) > 1 else "")

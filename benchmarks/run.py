@@ -23,6 +23,7 @@ from benchmarks import (
     bench_batch,
     bench_cold,
     bench_core,
+    bench_distributed,
     bench_ingest,
     bench_spellings,
     bench_startup,
@@ -45,6 +46,7 @@ CAP_10M = 12 * (1 << 30)
 # clone, whose venv and install took ~1 of them on a slow host). Only optional repeats yield.
 SUITE_BUDGET_S = 13 * 60
 WORKERS_S = 100  # kept free after ingest for bench_workers (its optional repeats yield)
+DISTRIBUTED_S = 120  # kept free after ingest for bench_distributed's three ingest jobs
 
 
 def profile(quick: bool) -> dict[str, Any]:
@@ -159,8 +161,13 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     # Goal 5.
     rows += bench_ingest.run(papers, stores[p["ingest_n"]], work / "ingest",
                              n_papers=p["papers"], timeout_s=900, repeats=p["ingest_repeats"],
-                             deadline=started + SUITE_BUDGET_S - WORKERS_S)
+                             deadline=started + SUITE_BUDGET_S - WORKERS_S - DISTRIBUTED_S)
     step("ingest")
+
+    # Issue 50: the ingest job on a local Dask cluster of 1 and 2 workers, beside the
+    # single-process job, each against a separate server over a fresh copy of the store.
+    rows += bench_distributed.run(out, quick=args.quick)
+    step("distributed ingest")
 
     # Issue 50: 1 and 2 server processes on PostgreSQL, the write lock's share (skipped, with a
     # row saying so, where no PostgreSQL answers).
@@ -324,6 +331,7 @@ def results_md(results: dict[str, Any], command: str) -> str:
         lines.append("Not recorded yet: run `python -m benchmarks.run --with-10m`.")
     lines.append("")
     lines.append(bench_workers.section(results["rows"], m, results["date"]))
+    lines.append(bench_distributed.section(results["rows"], m, results["date"]))
     return "\n".join(lines)
 
 
