@@ -167,6 +167,8 @@ class Retrier:
             now = time.monotonic()
             if self._outage_since is None:
                 self._outage_since = now
+            if not budget:  # retrying was not asked for: the failure as it came
+                raise ServerUnavailable(method, code.name, details) from error
             if now + pause > self._outage_since + budget:
                 # A plaintext call to a TLS server fails as one to no server does.
                 tls = "" if self._tls else " and serving without TLS"

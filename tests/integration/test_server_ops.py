@@ -646,6 +646,7 @@ def test_cli_resolve_prints_the_id(db_url: str) -> None:
     )
     assert done.returncode != 0 and "UNAVAILABLE" in done.stderr
     assert f"hint: no identity server answered at {address}" in done.stderr
+    assert "retry budget" not in done.stderr  # a command tries once, and says it plainly
 
 
 def test_cli_says_which_address_did_not_answer_in_time() -> None:
