@@ -508,8 +508,13 @@ def sync_redirects(client: IdentityClient, sink: GraphSink, *, store: str = "",
 def sync_names(client: IdentityClient, sink: GraphSink, touched: set[str],
                sequence: int) -> tuple[int, int]:
     """Fetches the names the graph lacks (and those of `touched` entities) and stores them in
-    parts, so a killed sync keeps what it fetched. Returns (fetched, unknown to the server)."""
+    parts, so a killed sync keeps what it fetched. Returns (fetched, unknown to the server).
+    Many ids are read from the whole entity table a page at a time (a thousand a call), the
+    rest (few, or merged away since) one GetEntity each."""
     wanted = sink.ids_to_name(touched)
+    listed = _names_by_listing(client, sink, set(wanted), sequence) \
+        if len(wanted) >= LIST_ALL_FROM else set()
+    rest = [i for i in wanted if i not in listed]
     unknown = 0
 
     def fetch(entity_id: str) -> Entity | None:
@@ -521,18 +526,39 @@ def sync_names(client: IdentityClient, sink: GraphSink, touched: set[str],
             return None
 
     with ThreadPoolExecutor(NAME_FETCHES, thread_name_prefix="names") as pool:
-        for start in range(0, len(wanted), _NAMES_PART):
-            found = list(pool.map(fetch, wanted[start:start + _NAMES_PART]))
+        for start in range(0, len(rest), _NAMES_PART):
+            found = list(pool.map(fetch, rest[start:start + _NAMES_PART]))
             known = [e for e in found if e is not None]
             unknown += len(found) - len(known)
             sink.store_entity_names(known, sequence)
-            logger.info("sync: names of %d of %d entities", start + len(found), len(wanted))
+            logger.info("sync: names of %d of %d entities", len(listed) + start + len(found),
+                        len(wanted))
     if unknown:
         logger.warning("sync: the identity server knows %d of the graph's ids not at all "
                        "(they keep no server name)", unknown)
     return len(wanted) - unknown, unknown
 
 
+def _names_by_listing(client: IdentityClient, sink: GraphSink, wanted: set[str],
+                      sequence: int) -> set[str]:
+    """The wanted entities found by reading every live entity of the store; their ids."""
+    stored: set[str] = set()
+    part: list[Entity] = []
+    for entity in client.list_entities(max_surface_forms=0):
+        if entity.entity_id in wanted:
+            part.append(entity)
+        if len(part) >= _NAMES_PART:
+            sink.store_entity_names(part, sequence)
+            stored.update(e.entity_id for e in part)
+            logger.info("sync: names of %d of %d entities", len(stored), len(wanted))
+            part = []
+    sink.store_entity_names(part, sequence)
+    stored.update(e.entity_id for e in part)
+    return stored
+
+
+# Ids to name from which reading the whole entity table takes fewer calls than one each.
+LIST_ALL_FROM = 20_000
 _NAMES_PART = 5000
 
 

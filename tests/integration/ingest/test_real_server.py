@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from identity_client import IdentityClient, Resolution, RetryPolicy
+from ingest import pipeline
 from ingest.cli import main
 from ingest.pipeline import JobOptions, run_job, sync_redirects
 from ingest.sink import GraphSink
@@ -386,10 +387,15 @@ def test_a_paper_beyond_the_servers_batch_limit_is_resolved_in_parts(tmp_path: P
     assert rows(db, "SELECT count(*) FROM relationships") == [(2,)]
 
 
+@pytest.mark.parametrize("list_all_from", [None, 1], ids=["one call an id", "by listing"])
 def test_sync_brings_the_servers_names_into_the_entities_view(
-        tmp_path: Path, real_server: str, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, real_server: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, list_all_from: int | None) -> None:
     """`ingest sync` stores the server's name, status and aliases of every entity the graph
-    refers to; a later sync fetches again only the entities the change feed says changed."""
+    refers to; a later sync fetches again only the entities the change feed says changed.
+    Many ids are read by listing the store's entities instead, with the same result."""
+    if list_all_from is not None:
+        monkeypatch.setattr(pipeline, "LIST_ALL_FROM", list_all_from)
     db = tmp_path / "graph.duckdb"
     assert main(["run", str(EXAMPLES / "papers.jsonl"), "--db", str(db), "--server",
                  real_server, "--no-progress"]) == 0
