@@ -312,7 +312,7 @@ def test_a_wal_checkpointed_while_writes_go_on_starts_over(
     commit, and its next transaction starts the WAL over: it stays a few frames long. The
     control shows the check can fail."""
     monkeypatch.setattr(sqlite_module, "RESTART_AT_FRAMES", restart_at)
-    commits = 150
+    commits = 300
     inside, done = threading.Event(), threading.Event()
     with _store(tmp_path, checkpoint_every_s=3600) as (store, db):  # checkpoints called below
         checkpointer = store._checkpointer
@@ -338,6 +338,9 @@ def test_a_wal_checkpointed_while_writes_go_on_starts_over(
         assert _seqs(db) == list(range(1, commits + 1))
     frame = 4096 + 24
     if restart_at < 10**9:
-        assert wal_bytes < 20 * frame
+        # Bounded, not growing with the commits: a quarter of what the control grows to. (How
+        # long it gets before a restart depends on when the threads run: on a loaded machine
+        # a few dozen frames.)
+        assert wal_bytes < commits // 4 * frame
     else:
         assert wal_bytes >= commits * frame
