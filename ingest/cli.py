@@ -18,6 +18,7 @@ import gc
 import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -310,7 +311,7 @@ def cmd_run_dask(settings: Settings, paths: Sequence[str], summary_json: Path | 
         staged, staging_bar = _progress(settings, total)
         if staging_bar is not None:
             stack.callback(staging_bar.close)
-        done = _BucketProgress(settings, buckets)
+        done = _BucketProgress(settings)
         stack.callback(done.close)
         summary, task_retries = run_distributed(
             files, layout=layout, buckets=buckets, options=options, client=tasks_client,
@@ -338,44 +339,48 @@ def _quiet_dask() -> None:
 
 
 class _BucketProgress:
-    """The distributed job's progress: buckets done of the total, and papers a second (a bar on
-    a terminal; else a line, or a JSON record, now and then and at the end)."""
+    """The distributed job's progress: lines done of the total, buckets done, and lines a
+    second (a bar on a terminal; else a line, or a JSON record, now and then and at the end).
+    Called from the Dask client's thread and the driver's."""
 
-    def __init__(self, settings: Settings, total: int) -> None:
-        self._total = total
-        self._papers = 0
+    def __init__(self, settings: Settings) -> None:
         self._started = time.monotonic()
         self._next = self._started + LOG_PROGRESS_EVERY_S
         self._bar: Any = None
         self._on = settings.progress
+        self._lock = threading.Lock()
         if self._on and not json_logs() and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, unit="bucket", file=sys.stderr, dynamic_ncols=True,
-                             disable=None, mininterval=0.25)
+            self._bar = tqdm(unit=" lines", file=sys.stderr, dynamic_ncols=True, disable=None,
+                             mininterval=0.25, desc="ingesting")
         elif self._on and json_logs():
             _progress_log.setLevel(logging.INFO)
 
-    def update(self, papers: int, done: int, total: int) -> None:
-        self._papers += papers
+    def update(self, lines: int, total: int, done: int, buckets: int) -> None:
+        with self._lock:
+            self._show(lines, total, done, buckets)
+
+    def _show(self, lines: int, total: int, done: int, buckets: int) -> None:
         now = time.monotonic()
-        rate = self._papers / max(now - self._started, 1e-9)
+        rate = lines / max(now - self._started, 1e-9)
         if self._bar is not None:
-            self._bar.set_postfix_str(f"{rate:,.0f} papers/s", refresh=False)
-            self._bar.update(1)
+            self._bar.total = total
+            self._bar.set_postfix_str(f"{done}/{buckets} buckets", refresh=False)
+            self._bar.update(lines - self._bar.n)
             return
-        if not self._on or (now < self._next and done < total):
+        if not self._on or (now < self._next and done < buckets):
             return
         self._next = now + LOG_PROGRESS_EVERY_S
         if json_logs():
-            _progress_log.info("%d of %d buckets done (%s papers/s)", done, total,
-                               f"{rate:,.0f}",
-                               extra={"buckets_done": done, "buckets_total": total,
-                                      "papers_done": self._papers,
-                                      "papers_per_s": round(rate, 1)})
+            _progress_log.info("%s of %s lines done, %d of %d buckets (%s/s)", f"{lines:,}",
+                               f"{total:,}", done, buckets, f"{rate:,.0f}",
+                               extra={"lines_done": lines, "lines_total": total,
+                                      "buckets_done": done, "buckets_total": buckets,
+                                      "lines_per_s": round(rate, 1)})
             return
-        sys.stderr.write(f"ingest: {done:,} of {total:,} buckets done, {self._papers:,} papers "
-                         f"({rate:,.0f}/s)\n")
+        sys.stderr.write(f"ingest: {lines:,} of {total:,} lines done, {done:,} of {buckets:,} "
+                         f"buckets ({rate:,.0f}/s)\n")
         sys.stderr.flush()
 
     def close(self) -> None:

@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from identity_client import IdentityClient, RetryPolicy
 from ingest.catalog import Layout, publish_shard
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+PROGRESS_EVENT_EVERY_S = 2.0  # how often a task tells the driver its lines done, at most
 # Deadlines of the driver's own calls to Dask: reaching the scheduler, and a scheduler given
 # with --scheduler having at least one worker to run the tasks.
 CONNECT_TIMEOUT_S = 30.0
@@ -103,6 +105,10 @@ class BucketTask:
     # found written already) with the bucket and the papers done so far; tests kill a worker
     # here. It must be importable where the workers run.
     after_write: Callable[[int, int], object] | None = None
+    # The Dask event topic the task reports its lines done on, for the driver's progress, and
+    # how often at most.
+    topic: str = ""
+    progress_every_s: float = PROGRESS_EVENT_EVERY_S
 
 
 @dataclass(frozen=True)
@@ -117,10 +123,14 @@ def ingest_bucket(task: BucketTask) -> BucketResult:
     """The Dask task: the single-process pipeline over one bucket, into its shard."""
     shard = task.layout.shard(task.bucket)
     done = 0
+    reported = time.monotonic()
 
     def wrote(n: int) -> None:
-        nonlocal done
+        nonlocal done, reported
         done += n
+        if task.topic and time.monotonic() - reported >= task.progress_every_s:
+            reported = time.monotonic()
+            _report(task.topic, task.bucket, done)
         if task.after_write is not None:
             task.after_write(task.bucket, done)
 
@@ -136,6 +146,50 @@ def ingest_bucket(task: BucketTask) -> BucketResult:
         # Rebuilt from its message on the driver's side, naming the bucket it failed in.
         raise JobError(f"bucket {task.bucket} (shard {shard}): {e}") from e
     return BucketResult(task.bucket, summary, retries, published)
+
+
+def _report(topic: str, bucket: int, lines: int) -> None:
+    """Tells the driver, through the scheduler, how many of its lines the bucket has done."""
+    from distributed import get_worker
+
+    try:
+        worker = get_worker()
+    except ValueError:  # not on a Dask worker (called directly): nobody to tell
+        return
+    worker.log_event(topic, {"bucket": bucket, "lines": lines})
+
+
+class LinesProgress:
+    """The lines done of every bucket (from the tasks' events while they run, and whole when a
+    task ends) and the buckets done, handed to the caller's progress as they change:
+    ``progress(lines_done, lines_total, buckets_done, buckets_total)``. The events arrive on the
+    Dask client's thread, the ends on the driver's: both under one lock."""
+
+    def __init__(self, staged: Sequence[int],
+                 progress: Callable[[int, int, int, int], object] | None) -> None:
+        self._staged = list(staged)
+        self._lines = [0] * len(staged)
+        self._ended = 0
+        self._progress = progress
+        self._lock = threading.Lock()
+
+    def event(self, event: tuple[float, Any]) -> None:
+        msg = event[1]
+        with self._lock:
+            bucket = int(msg["bucket"])
+            self._lines[bucket] = max(self._lines[bucket], min(int(msg["lines"]),
+                                                                self._staged[bucket]))
+            self._tell()
+
+    def ended(self, bucket: int) -> None:
+        with self._lock:
+            self._lines[bucket] = self._staged[bucket]
+            self._ended += 1
+            self._tell()
+
+    def _tell(self) -> None:
+        if self._progress is not None:
+            self._progress(sum(self._lines), sum(self._staged), self._ended, len(self._staged))
 
 
 def add_up(summaries: Sequence[Summary]) -> Summary:
@@ -156,14 +210,16 @@ def run_distributed(
     options: JobOptions,
     client: ClientSettings,
     cluster: ClusterOptions,
-    progress: Callable[[int, int, int], object] | None = None,
+    progress: Callable[[int, int, int, int], object] | None = None,
     staging_progress: Callable[[int], object] | None = None,
     after_write: Callable[[int, int], object] | None = None,
+    progress_every_s: float = PROGRESS_EVENT_EVERY_S,
 ) -> tuple[Summary, int]:
     """Ingests ``files`` into the catalog's shards, one Dask task a bucket; returns the tasks'
     summaries added up (elapsed: this call's wall-clock time) and their retried calls.
-    ``progress(papers, buckets_done, buckets)`` as each task ends, with its papers (ingested or
-    unchanged); ``staging_progress(lines)`` as the input is read.
+    ``progress(lines_done, lines_total, buckets_done, buckets)`` as the tasks go (each reports
+    its lines done now and then, and all of them when it ends); ``staging_progress(lines)`` as
+    the input is read.
 
     The caller holds the catalog's run lock (ingest.catalog.run_lock): staging is this run's.
     Raises JobError when a bucket fails; the buckets done stay done, and a rerun completes the
@@ -176,10 +232,16 @@ def run_distributed(
         logger.info("staged %d lines into %d buckets (largest %d)", sum(counts), buckets,
                     max(counts, default=0))
         base_dir = os.getcwd()
-        tasks = [BucketTask(b, layout, layout.staging, base_dir, options, client, after_write)
-                 for b in range(buckets)]
+        topic = f"ingest-progress-{uuid.uuid4().hex[:8]}"
+        tasks = [BucketTask(b, layout, layout.staging, base_dir, options, client, after_write,
+                            topic, progress_every_s) for b in range(buckets)]
+        lines = LinesProgress(counts, progress)
         with dask_client(cluster) as dask:
-            results = _run_tasks(dask, tasks, progress)
+            dask.subscribe_topic(topic, lines.event)  # type: ignore[no-untyped-call]
+            try:
+                results = _run_tasks(dask, tasks, lines)
+            finally:
+                dask.unsubscribe_topic(topic)  # type: ignore[no-untyped-call]
     finally:
         shutil.rmtree(layout.staging, ignore_errors=True)
     summary = add_up([r.summary for r in results])
@@ -228,7 +290,7 @@ def dask_client(cluster: ClusterOptions) -> Iterator[distributed.Client]:
 
 
 def _run_tasks(dask: distributed.Client, tasks: Sequence[BucketTask],
-               progress: Callable[[int, int, int], object] | None) -> list[BucketResult]:
+               progress: LinesProgress) -> list[BucketResult]:
     """Submits the tasks and gathers their results as they end; the first failure (or Ctrl-C)
     cancels the rest."""
     from distributed import as_completed
@@ -253,9 +315,7 @@ def _run_tasks(dask: distributed.Client, tasks: Sequence[BucketTask],
             except Exception as e:
                 raise JobError(f"bucket {bucket} failed: {type(e).__name__}: {e}") from e
             results.append(result)
-            if progress is not None:
-                papers = result.summary.ingested + result.summary.unchanged
-                progress(papers, len(results), len(tasks))
+            progress.ended(bucket)
     except BaseException:
         dask.cancel(futures)  # type: ignore[no-untyped-call]
         raise

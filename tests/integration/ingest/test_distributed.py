@@ -5,11 +5,13 @@ readable by anyone while shards are written."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -170,6 +172,45 @@ def read_while_writing(catalog: Path, report: Path, bucket: int, papers_done: in
     report.write_text(done.stdout)
 
 
+def wait_for_the_driver(seen: Path, bucket: int, lines_done: int) -> None:
+    """In a task, after its first group: wait until the driver has shown lines of this bucket
+    as done while no bucket has ended (it writes `seen`), so the live progress is proved, not
+    raced. Waits once, and gives up after a while: the test then fails on `seen` missing."""
+    try:
+        os.close(os.open(seen.with_name("waited"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    deadline = time.monotonic() + 20
+    while not seen.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_the_driver_shows_lines_done_while_the_tasks_run(
+        tmp_path: Path, jsonl: Callable[..., Path]) -> None:
+    papers = corpus(tmp_path / "in", jsonl)
+    seen = tmp_path / "seen"
+    shown: list[tuple[int, int, int, int]] = []
+
+    def progress(lines: int, total: int, done: int, buckets: int) -> None:
+        shown.append((lines, total, done, buckets))
+        if lines and not done:
+            seen.touch()
+
+    with serve_stub() as stub:
+        options = JobOptions(concurrency=2, group_papers=3, flush_seconds=60)
+        client = ClientSettings(stub.address, deadline_seconds=5, retry_budget_seconds=20)
+        layout, buckets = open_catalog(tmp_path / "catalog.duckdb", 1)
+        with run_lock(layout):
+            run_distributed([papers], layout=layout, buckets=buckets, options=options,
+                            client=client, cluster=ClusterOptions(workers=1),
+                            after_write=partial(wait_for_the_driver, seen), progress=progress,
+                            progress_every_s=0)
+    assert seen.exists()
+    total = shown[-1][1]
+    assert shown[-1] == (total, total, 1, 1)
+    assert all(a[0] <= b[0] for a, b in itertools.pairwise(shown))  # never backwards
+
+
 def test_a_worker_killed_mid_task_and_the_job_rerun_give_the_same_tables(
         tmp_path: Path, jsonl: Callable[..., Path]) -> None:
     papers = corpus(tmp_path / "in", jsonl)
@@ -271,7 +312,9 @@ def test_sync_and_stats_on_a_catalog_and_the_engines_keep_to_their_own_files(
         assert main(["run", str(papers), "--db", str(catalog), "--server", stub.address,
                      "--engine", "dask", "--workers", "2", "--buckets", "2"]) == 0
         # Progress, on a stderr that is no terminal: a line now and then, and at the end.
-        assert "ingest: 2 of 2 buckets done, 51 papers (" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        lines = sum(f.read_bytes().count(b"\n") for f in papers.iterdir())
+        assert f"ingest: {lines} of {lines} lines done, 2 of 2 buckets (" in err
         source, target = _two_methods(catalog)
         with IdentityClient(stub.address, policy=FAST, admin_token="t") as client:
             client.merge(source, target)
