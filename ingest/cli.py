@@ -472,7 +472,7 @@ def cmd_stats(settings: Settings, top: int) -> int:
         def one(sql: str) -> Any:
             return sink.query(sql)[0][0]
 
-        out = _catalog_lines(sink) + [
+        out = [
             (f"papers:          {one('SELECT count(*) FROM papers WHERE is_current')} "
             f"({one('SELECT count(*) FROM papers')} revisions)"),
             f"mentions:        {one('SELECT count(*) FROM mentions WHERE is_current')}",
@@ -485,6 +485,7 @@ def cmd_stats(settings: Settings, top: int) -> int:
             (f"redirects:       {one('SELECT count(*) FROM redirects')} "
             f"(feed synced to {sink.last_sequence()})"),
             f"possibly_same_as: {one('SELECT count(*) FROM possibly_same_as')} open links",
+            *_catalog_lines(sink),  # after the counts: they stand where a graph file's do
             "",
             f"top {top} entities (by papers):",
         ]
