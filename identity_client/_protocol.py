@@ -199,13 +199,79 @@ class Retrier:
                        "larger batches are resolved in parts of that size (raise its "
                        "IDENTITY_MAX_BATCH_SIZE to resolve each in one transaction)", limit)
 
-    def next_backoff(self, backoff: float) -> float:
-        return min(backoff * 2, self.policy.max_backoff)
 
 
-def log_success(call: Call[Any], attempt: int, started: float) -> None:
-    logger.debug("rpc=%s count=%d status=OK attempt=%d duration=%.4fs",
-                 call.method, call.count, attempt, time.monotonic() - started)
+class Attempts:
+    """One call's tries through the client's Retrier: counted, timed, and spaced by a backoff
+    that doubles (up to the policy's most) after each failure."""
+
+    def __init__(self, retrier: Retrier, method: str) -> None:
+        self._retrier = retrier
+        self.method = method
+        self._attempt = 0
+        self._backoff = retrier.policy.initial_backoff
+        self._started = 0.0
+
+    def begin(self) -> None:
+        """An attempt starts (IdentityError if the client was aborted)."""
+        self._attempt += 1
+        self._retrier.check_open(self.method)
+        self._started = time.monotonic()
+
+    def pause_after(self, error: grpc.RpcError, what: str) -> float:
+        """How long to wait before the next attempt (see Retrier.pause_after)."""
+        pause = self._retrier.pause_after(error, self.method, self._attempt, self._backoff, what,
+                                          started=self._started)
+        self._backoff = min(self._backoff * 2, self._retrier.policy.max_backoff)
+        return pause
+
+    def answered(self, count: int | None = None) -> None:
+        """The server answered: the client's outage, if any, is over. `count`: the call is
+        done, with that many mentions (logged at debug)."""
+        self._retrier.succeeded()
+        if count is not None:
+            logger.debug("rpc=%s count=%d status=OK attempt=%d duration=%.4fs",
+                         self.method, count, self._attempt, time.monotonic() - self._started)
+
+
+class ChangesFeed:
+    """A ListChanges read to its end (or followed), started again after the last change read
+    when it fails on the way: the requests to send, and what each reply reads as."""
+
+    def __init__(self, retrier: Retrier, token: str | None, after_sequence: int, limit: int,
+                 follow: bool) -> None:
+        self.tries = Attempts(retrier, "ListChanges")
+        self._after = after_sequence
+        self._last = after_sequence
+        self._limit = limit
+        self._follow = follow
+        # A followed feed has no end, so no deadline; a backlog gets six calls' worth.
+        self.timeout = None if follow else retrier.policy.deadline_seconds * 6
+        self.metadata = metadata(token, None, False)
+
+    def next_request(self) -> pb.ListChangesRequest | None:
+        """The request of the next attempt; None once `limit` changes were read."""
+        if not self._limit:
+            left = 0
+        else:  # sequence numbers are gapless: the changes read are last - after
+            left = self._limit - (self._last - self._after)
+            if left <= 0:
+                return None
+        self.tries.begin()
+        return pb.ListChangesRequest(after_sequence=self._last, follow=self._follow,
+                                     limit=left)
+
+    def read(self, reply: pb.ListChangesResponse) -> types.ChangeEvent:
+        change = types.change(reply.change)
+        self._last = change.sequence
+        self.tries.answered()
+        return change
+
+    def ended(self) -> None:
+        self.tries.answered()
+
+    def pause_after(self, error: grpc.RpcError) -> float:
+        return self.tries.pause_after(error, f"after={self._last}")
 
 
 # -- the calls ---------------------------------------------------------------------------------
@@ -347,15 +413,3 @@ def _import_stream(chunks: Iterable[bytes], value: int) -> Iterator[pb.ImportAut
     yield pb.ImportAuthorityRequest(format=value)
     for chunk in chunks:
         yield pb.ImportAuthorityRequest(data=chunk)
-
-
-def list_changes(after_sequence: int, follow: bool, limit: int) -> pb.ListChangesRequest:
-    return pb.ListChangesRequest(after_sequence=after_sequence, follow=follow, limit=limit)
-
-
-def changes_left(limit: int, after_sequence: int, last: int) -> int | None:
-    """How many changes are still to read of `limit` (0: no limit); None when none are."""
-    if not limit:
-        return 0
-    left = limit - (last - after_sequence)
-    return left if left > 0 else None

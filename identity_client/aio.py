@@ -7,7 +7,6 @@ for the blocking client; only the waiting differs.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, Self
 
@@ -63,25 +62,18 @@ class AsyncIdentityClient:
         await self.close()
 
     async def _unary(self, call: Call[protocol.T]) -> protocol.T:
-        retrier = self._retrier
         metadata = protocol.metadata(self._token, self._admin_token, call.admin, call.context_id)
         method = getattr(self._stub, call.method)
-        backoff = retrier.policy.initial_backoff
-        attempt = 0
+        tries = protocol.Attempts(self._retrier, call.method)
         while True:
-            attempt += 1
-            retrier.check_open(call.method)
-            started = time.monotonic()
+            tries.begin()
             try:
-                reply = await method(call.request, timeout=retrier.policy.deadline_seconds,
+                reply = await method(call.request, timeout=self._retrier.policy.deadline_seconds,
                                      metadata=metadata)
             except grpc.RpcError as e:
-                await asyncio.sleep(retrier.pause_after(e, call.method, attempt, backoff,
-                                                        f"count={call.count}", started=started))
-                backoff = retrier.next_backoff(backoff)
+                await asyncio.sleep(tries.pause_after(e, f"count={call.count}"))
                 continue
-            retrier.succeeded()
-            protocol.log_success(call, attempt, started)
+            tries.answered(call.count)
             return call.read(reply)
 
     async def resolve(self, mention: str, entity_type: str, *, context_id: str = "",
@@ -141,32 +133,18 @@ class AsyncIdentityClient:
     async def list_changes(self, after_sequence: int = 0, *, limit: int = 0,
                            follow: bool = False) -> AsyncIterator[types.ChangeEvent]:
         """As IdentityClient.list_changes."""
-        retrier = self._retrier
-        last = after_sequence
-        backoff = retrier.policy.initial_backoff
-        attempt = 0
-        while (left := protocol.changes_left(limit, after_sequence, last)) is not None:
-            attempt += 1
-            retrier.check_open("ListChanges")
-            started = time.monotonic()
-            stream = self._stub.ListChanges(
-                protocol.list_changes(last, follow, left),
-                timeout=None if follow else retrier.policy.deadline_seconds * 6,
-                metadata=protocol.metadata(self._token, None, False))
+        feed = protocol.ChangesFeed(self._retrier, self._token, after_sequence, limit, follow)
+        while (request := feed.next_request()) is not None:
+            stream = self._stub.ListChanges(request, timeout=feed.timeout, metadata=feed.metadata)
             try:
                 async for reply in stream:
-                    change = types.change(reply.change)
-                    last = change.sequence
-                    retrier.succeeded()
-                    yield change
-                retrier.succeeded()
+                    yield feed.read(reply)
+                feed.ended()
                 return
             except grpc.RpcError as e:
-                await asyncio.sleep(retrier.pause_after(e, "ListChanges", attempt, backoff,
-                                                        f"after={last}", started=started))
-                backoff = retrier.next_backoff(backoff)
+                await asyncio.sleep(feed.pause_after(e))
             finally:
-                stream.cancel()
+                stream.cancel()  # a caller that stops reading ends the stream
 
     async def add_alias(self, entity_id: str, alias: str, *,
                         max_surface_forms: int | None = None) -> types.Entity:

@@ -69,25 +69,18 @@ class IdentityClient:
         self.close()
 
     def _unary(self, call: Call[protocol.T]) -> protocol.T:
-        retrier = self._retrier
         metadata = protocol.metadata(self._token, self._admin_token, call.admin, call.context_id)
         method = getattr(self._stub, call.method)
-        backoff = retrier.policy.initial_backoff
-        attempt = 0
+        tries = protocol.Attempts(self._retrier, call.method)
         while True:
-            attempt += 1
-            retrier.check_open(call.method)
-            started = time.monotonic()
+            tries.begin()
             try:
-                reply = method(call.request, timeout=retrier.policy.deadline_seconds,
+                reply = method(call.request, timeout=self._retrier.policy.deadline_seconds,
                                metadata=metadata)
             except grpc.RpcError as e:
-                self._sleep(retrier.pause_after(e, call.method, attempt, backoff,
-                                                f"count={call.count}", started=started))
-                backoff = retrier.next_backoff(backoff)
+                self._sleep(tries.pause_after(e, f"count={call.count}"))
                 continue
-            retrier.succeeded()
-            protocol.log_success(call, attempt, started)
+            tries.answered(call.count)
             return call.read(reply)
 
     # -- resolving -----------------------------------------------------------------------------
@@ -156,30 +149,16 @@ class IdentityClient:
         """The changes after `after_sequence`, in order (the first `limit`, 0: all). Without
         `follow` the stream has a deadline and ends with the backlog; with it, it goes on until
         the iterator is closed. Resumes where it broke off."""
-        retrier = self._retrier
-        last = after_sequence
-        backoff = retrier.policy.initial_backoff
-        attempt = 0
-        while (left := protocol.changes_left(limit, after_sequence, last)) is not None:
-            attempt += 1
-            retrier.check_open("ListChanges")
-            started = time.monotonic()
-            stream = self._stub.ListChanges(
-                protocol.list_changes(last, follow, left),
-                timeout=None if follow else retrier.policy.deadline_seconds * 6,
-                metadata=protocol.metadata(self._token, None, False))
+        feed = protocol.ChangesFeed(self._retrier, self._token, after_sequence, limit, follow)
+        while (request := feed.next_request()) is not None:
+            stream = self._stub.ListChanges(request, timeout=feed.timeout, metadata=feed.metadata)
             try:
                 for reply in stream:
-                    change = types.change(reply.change)
-                    last = change.sequence
-                    retrier.succeeded()
-                    yield change
-                retrier.succeeded()
+                    yield feed.read(reply)
+                feed.ended()
                 return
             except grpc.RpcError as e:
-                self._sleep(retrier.pause_after(e, "ListChanges", attempt, backoff,
-                                                f"after={last}", started=started))
-                backoff = retrier.next_backoff(backoff)
+                self._sleep(feed.pause_after(e))
             finally:
                 stream.cancel()  # a caller that stops reading ends the stream
 
