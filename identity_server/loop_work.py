@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from identity_server.errors import Overloaded
@@ -104,33 +105,19 @@ class AsyncResolver:
         self._window.note_call()
         batch = self._service.prepare_one(mention, entity_type, context_id=context_id,
                                           lookup_only=lookup_only)
-        if lookup_only:
+        with self._writes.counted(0 if lookup_only else 1):
             return await self._reply(batch)
-        self._writes.admit(1)
-        try:
-            return await self._reply(batch)
-        finally:
-            self._writes.release(1)
 
     async def resolve_batch(self, context_id: str, mentions: list[tuple[str, str]], *,
                             lookup_only: bool) -> BatchReply:
         self._window.note_call()
-        if lookup_only:
-            return await self._resolve_batch(context_id, mentions, lookup_only=True)
-        self._writes.admit(len(mentions))
-        try:
-            return await self._resolve_batch(context_id, mentions, lookup_only=False)
-        finally:
-            self._writes.release(len(mentions))
-
-    async def _resolve_batch(self, context_id: str, mentions: list[tuple[str, str]], *,
-                             lookup_only: bool) -> BatchReply:
         service = self._service
-        if len(mentions) > INLINE_BATCH_LIMIT:
-            return await on_pool(self._blocking, lambda: service.resolve_prepared(
-                service.prepare_batch(context_id, mentions, lookup_only=lookup_only)))
-        return await self._reply(
-            service.prepare_batch(context_id, mentions, lookup_only=lookup_only))
+        with self._writes.counted(0 if lookup_only else len(mentions)):
+            if len(mentions) > INLINE_BATCH_LIMIT:
+                return await on_pool(self._blocking, lambda: service.resolve_prepared(
+                    service.prepare_batch(context_id, mentions, lookup_only=lookup_only)))
+            return await self._reply(
+                service.prepare_batch(context_id, mentions, lookup_only=lookup_only))
 
     async def _reply(self, batch: PreparedBatch) -> BatchReply:
         outcome = self._service.start(batch, may_wait=False, gather=self._window.defer)
@@ -158,18 +145,20 @@ class WriteAdmission:
         self.limit = limit
         self.waiting = 0
 
-    def admit(self, mentions: int) -> None:
-        """Count a writing call's mentions in, or refuse it (Overloaded); `release` once it
-        is answered."""
-        if self.waiting and self.waiting + mentions > self.limit:
+    @contextmanager
+    def counted(self, mentions: int) -> Iterator[None]:
+        """A writing call's mentions counted in until the block ends, or the call refused at
+        once (Overloaded). 0: a lookup, never counted nor refused."""
+        if mentions and self.waiting and self.waiting + mentions > self.limit:
             retry_ms = max(100, min(5000, self.waiting // self.MENTIONS_PER_MS))
             raise Overloaded(f"the server is busy: {self.waiting} mentions are waiting to be "
                              f"written (limit {self.limit}); retry in about {retry_ms} ms",
                              retry_ms)
         self.waiting += mentions
-
-    def release(self, mentions: int) -> None:
-        self.waiting -= mentions
+        try:
+            yield
+        finally:
+            self.waiting -= mentions
 
 
 async def _on_loop(future: futures.Future[T]) -> T:
