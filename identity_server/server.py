@@ -143,7 +143,7 @@ class RunningServer:
         """Idempotent: a second call returns at once."""
         if self._loop.loop.is_closed():
             return
-        self._loop.run(self.health.enter_graceful_shutdown())
+        self.stop_serving()
         self.servicer.stopping = True
         self._loop.run(self.server.stop(grace))
         self._loop.close()
