@@ -234,10 +234,7 @@ def _count_lines(files: Sequence[Path]) -> int | None:
 
 def cmd_run(settings: Settings, paths: Sequence[str], summary_json: Path | None = None) -> int:
     assert settings.db is not None
-    vocabulary = (load_vocabulary(settings.vocabulary_file) if settings.vocabulary_file
-                  else default_vocabulary())
-    options = JobOptions(concurrency=settings.effective_concurrency(), limits=settings.limits(),
-                         vocabulary=vocabulary, group_papers=settings.group_papers)
+    options = _job_options(settings)
     files = expand_paths(paths)  # once: a directory without inputs is reported once
     total = _count_lines(files)
     job_args = (settings.db, files, options, total, settings)
@@ -271,6 +268,14 @@ def cmd_run(settings: Settings, paths: Sequence[str], summary_json: Path | None 
     return 0
 
 
+def _job_options(settings: Settings) -> JobOptions:
+    """What the pipeline runs with, as the settings say (either engine)."""
+    vocabulary = (load_vocabulary(settings.vocabulary_file) if settings.vocabulary_file
+                  else default_vocabulary())
+    return JobOptions(concurrency=settings.effective_concurrency(), limits=settings.limits(),
+                      vocabulary=vocabulary, group_papers=settings.group_papers)
+
+
 def _refuse_catalog(db: Path) -> None:
     from ingest.catalog import is_catalog
 
@@ -287,10 +292,7 @@ def cmd_run_dask(settings: Settings, paths: Sequence[str], summary_json: Path | 
     from ingest.distributed import ClientSettings, ClusterOptions, run_distributed
 
     assert settings.db is not None
-    vocabulary = (load_vocabulary(settings.vocabulary_file) if settings.vocabulary_file
-                  else default_vocabulary())
-    options = JobOptions(concurrency=settings.effective_concurrency(), limits=settings.limits(),
-                         vocabulary=vocabulary, group_papers=settings.group_papers)
+    options = _job_options(settings)
     files = expand_paths(paths)
     total = _count_lines(files)
     cluster = ClusterOptions(scheduler=scheduler, workers=workers or 2)
