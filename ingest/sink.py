@@ -728,21 +728,15 @@ class GraphSink:
 
     def store_entity_names(self, entities: Sequence[Entity], sequence: int) -> None:
         """Replaces the stored names of these entities with the server's, in one transaction."""
-        table = pa.Table.from_pydict({
-            "entity_id": [e.entity_id for e in entities],
-            "name": [e.name for e in entities],
-            "entity_type": [e.entity_type for e in entities],
-            "status": [str(e.status) for e in entities],
-            "aliases": [list(e.aliases) for e in entities],
-            "sequence": [sequence] * len(entities),
-        }, schema=ENTITY_NAMES_SCHEMA)
+        rows = _Rows(ENTITY_NAMES_SCHEMA)
+        for e in entities:
+            rows.add(e.entity_id, e.name, e.entity_type, str(e.status), list(e.aliases), sequence)
         try:
             self._con.begin()
-            self._con.register("_names", table)
             self._con.execute("DELETE FROM entity_names WHERE entity_id IN "
-                              "(SELECT entity_id FROM _names)")
-            self._con.execute("INSERT INTO entity_names SELECT * FROM _names")
-            self._con.unregister("_names")
+                              "(SELECT unnest(?::VARCHAR[]))", [[e.entity_id for e in entities]])
+            if rows:
+                self._append("entity_names", rows.table())
             self._con.commit()
         except duckdb.Error as e:
             self._rollback()
