@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 
 from identity_server.domain import Entity, Name, NameKind, Status
 from identity_server.multimap import MultiMap, add, remove, values
-from identity_server.normalize import key
+from identity_server.normalize import key, one_edit_apart
 from identity_server.typo_table import DeletionVariantTable, OverlayPack, variant_hashes
 
 MIN_TYPO_KEY = 4  # SPEC: keys shorter than 4 characters get no typo candidates at all
@@ -315,6 +315,61 @@ class NameIndex:
                 self._variants.add(k)
 
 
+class NameChanges:
+    """The name keys and typo anchors of entities that changed, as they were and as they are:
+    what tells whether a decision made before the changes still holds.
+
+    Deciding a mention of key k reads only entities with a name, alias or surface form of key k
+    (rules 1 to 3) and, at rule 4, entities with an anchor one edit from k (`typo_neighbours`
+    yields more, but the rule verifies each anchor and each entity's names). An entity that
+    changed is one of those before or after the change only if one of its versions has such a
+    key; when none has, the decision is the same."""
+
+    __slots__ = ("_anchors", "_keys", "_near")
+
+    def __init__(self) -> None:
+        self._keys: set[str] = set()
+        self._anchors: set[str] = set()
+        # The anchors by the hashes of their deletion variants: two keys one edit apart share
+        # one (the typo table's own test), so a key meets only the anchors worth verifying.
+        self._near: dict[int, str | set[str]] = {}
+
+    def add(self, before: Entity | None, after: Entity | None) -> None:
+        """One entity's change: its version before (None: new) and after (None: gone)."""
+        for entity in (before, after):
+            if entity is not None:
+                self._keys.update(entity.name_keys())
+        if before is not None and after is not None and _same_to_rule_4(before, after):
+            return  # a surface form added: rule 4 reads the entity as it did
+        for entity in (before, after):
+            if entity is not None:
+                for a in anchor_keys(entity.names):
+                    if a not in self._anchors:
+                        self._anchors.add(a)
+                        for h in variant_hashes(a):
+                            add(self._near, h, a)
+
+    def may_change(self, k: str) -> bool:
+        """Whether a decision for key k may read one of the changed entities."""
+        if k in self._keys:
+            return True
+        near = self._near
+        if not near or len(k) < MIN_TYPO_KEY:
+            return False
+        return any(one_edit_apart(k, a)
+                   for h in variant_hashes(k) if h in near for a in values(near, h))
+
+
+def _same_to_rule_4(before: Entity, after: Entity) -> bool:
+    """Whether rule 4 sees the two versions alike: the same name and aliases (its anchors and
+    matched names), type, status and place (surface forms, which it never reads, aside)."""
+    return (before.entity_type == after.entity_type and before.status is after.status
+            and before.redirect_to == after.redirect_to
+            and before.placeholder == after.placeholder
+            and tuple(before.names[:before.surface_start()])
+            == tuple(after.names[:after.surface_start()]))
+
+
 def anchor_keys(names: tuple[Name, ...]) -> set[str]:
     """The keys of the anchors among names in matched_name order (surface forms, which are
     never anchors, come last: a much-mentioned entity's thousands are not looked at)."""
@@ -332,4 +387,4 @@ def _is_anchor(n: Name) -> bool:
     return n.kind is not NameKind.SURFACE and len(n.key) >= MIN_TYPO_KEY
 
 
-__all__ = ["MIN_TYPO_KEY", "NameIndex", "anchor_keys"]
+__all__ = ["MIN_TYPO_KEY", "NameChanges", "NameIndex", "anchor_keys"]

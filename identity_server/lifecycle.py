@@ -52,6 +52,13 @@ class ResolveWrites(NamedTuple):
         return self.entity is None
 
     @property
+    def evidence_only(self) -> bool:
+        """Its only write is evidence for an existing entity: rows no decision reads, but for
+        promotion by evidence."""
+        return (self.evidence and self.entity is not None
+                and not (self.surface_form or self.type_upgrade or self.link_to))
+
+    @property
     def writes_nothing(self) -> bool:
         return not (self.entity is None or self.surface_form or self.type_upgrade
                     or self.link_to or self.evidence)

@@ -19,8 +19,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from identity_server.domain import Entity
 from identity_server.index import NameIndex
-from identity_server.store import SqlStore, Tx, WouldBlock
+from identity_server.store import BeforeLock, SqlStore, Tx, WouldBlock
 from identity_server.unit import Unit
 
 logger = logging.getLogger(__name__)
@@ -66,22 +67,26 @@ class LiveIndex:
                 gc.enable()
         logger.info("index built: %d entities, feed at %d", len(self.index), self.seq)
 
-    def catch_up(self, tx: Tx) -> None:
+    def catch_up(self, tx: Tx) -> dict[str, Entity | None]:
+        """Apply the changes committed since the index's position; the versions they replaced."""
         changes = tx.changes_after(self.seq)
         if not changes:
-            return
+            return {}
         ids: set[str] = set()
         for c in changes:
             ids.add(c.entity_id)
             if c.other_id:
                 ids.add(c.other_id)
             ids.update(c.detail.get("redirected", ()))
-        self.reload(tx, ids)
+        replaced = self.reload(tx, ids)
         self.seq = changes[-1].seq
         self.schedule_typo_pack()
+        return replaced
 
-    def reload(self, tx: Tx, ids: Iterable[str]) -> None:
+    def reload(self, tx: Tx, ids: Iterable[str]) -> dict[str, Entity | None]:
+        """Reload these entities from the store; the versions they replaced."""
         wanted = set(ids)
+        replaced = {eid: self.index.get(eid) for eid in wanted}
         loaded = tx.load_entities(wanted)
         for eid in wanted:
             entity = loaded.get(eid)
@@ -92,6 +97,7 @@ class LiveIndex:
         unpaired = self.index.merged_placeholders_unpaired(wanted)
         if unpaired:  # merged away before this process saw them live
             self.index.note_merged_placeholders(tx.merged_placeholder_pairs(unpaired))
+        return replaced
 
     @contextmanager
     def changing(self) -> Iterator[None]:
@@ -102,22 +108,25 @@ class LiveIndex:
         finally:
             self._index_version += 1
 
-    def write(self, work: Callable[[Unit], T], *, wait: bool = True) -> T:
+    def write(self, work: Callable[[Unit], T], *, wait: bool = True,
+              before_lock: BeforeLock | None = None) -> T:
         """work in a write transaction, under the lock. The store's write lock is taken first,
         so a write waiting for another process's holds no lock of this process: reads that
         must catch up go on meanwhile (nothing takes the store's lock while holding the lock).
-        wait=False: WouldBlock, before anything is done, when either lock is taken."""
+        wait=False: WouldBlock, before anything is done, when either lock is taken.
+        `before_lock`: what the transaction does before the store's lock (SqlStore.write)."""
         locked = False
         unit: Unit | None = None
         try:
-            with self.store.write(wait=wait) as tx:
+            with self.store.write(wait=wait, before_lock=before_lock) as tx:
                 if not self.lock.acquire(blocking=wait):
                     raise WouldBlock("another thread of this process holds the index")
                 locked = True
                 self._index_version += 1  # changing: lock-free readers wait or retry
-                if not self.settled():
-                    self.catch_up(tx)
-                unit = Unit(tx, self.index, self.seq)
+                position = self.seq
+                replaced = {} if self.settled() else self.catch_up(tx)
+                unit = Unit(tx, self.index, self.seq, caught_up_from=position,
+                            caught_up=replaced)
                 result = work(unit)
                 unit.flush()
             self.seq = unit.seq

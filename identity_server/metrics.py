@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from identity_server.errors import StartupError
@@ -126,7 +126,7 @@ class _StoreCollector(Collector):
     def describe(self) -> Sequence[Any]:
         return []  # collected on each scrape; nothing to describe in advance
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         live = self._service.live
         index_seq = live.seq
         yield GaugeMetricFamily("identity_index_entities",
@@ -135,6 +135,11 @@ class _StoreCollector(Collector):
         yield GaugeMetricFamily("identity_index_change_sequence",
                                 "The change feed's sequence this process's index has caught up to.",
                                 value=index_seq)
+        yield CounterMetricFamily("identity_write_groups_rewritten",
+                                  "Write groups rolled back and written again, deciding under the "
+                                  "store's lock: a mention decided before it no longer decided "
+                                  "the same under it.",
+                                  value=self._service.guesses_missed)
         try:
             with self._service.store.read() as tx:
                 store_seq = tx.max_seq()

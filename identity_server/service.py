@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
@@ -49,7 +50,7 @@ from identity_server.live_index import LiveIndex
 from identity_server.matching import Decision, Outcome, pair_candidates
 from identity_server.normalize import display_form, key, warm_up
 from identity_server.scoring import candidate_scores
-from identity_server.store import ChangeRecord, LinkRow, SqlStore, Tx, WouldBlock
+from identity_server.store import BeforeLock, ChangeRecord, LinkRow, SqlStore, Tx, WouldBlock
 from identity_server.unit import DISTINCT, LINK_SETTLED, OPEN, SAME, Unit
 from identity_server.write_queue import WriteQueue
 
@@ -122,6 +123,29 @@ class EntityView:
     surface_form_count: int  # all of them, however many are listed
 
 
+class Guess(NamedTuple):
+    """A mention decided before the store's lock, whose only write is evidence for an existing
+    entity: its evidence is written before the lock, and under it the guess stands when
+    nothing the decision read has changed since (else it is decided again, and must come out
+    the same)."""
+
+    entity_id: str
+    result: ResolveResult
+
+
+class GroupGuess(NamedTuple):
+    """A write group's guesses: each batch's, by mention position, and the change feed's
+    position the index was at when they were made."""
+
+    seq: int
+    batches: list[dict[int, Guess]]
+
+
+class GuessMissed(Exception):
+    """A guess no longer holds under the lock: its evidence was written for the wrong entity,
+    so the group's transaction is rolled back and written again, deciding under the lock."""
+
+
 class _Unchanged(NamedTuple):
     """A lock-free look's answer: the results, or None when the request must write."""
 
@@ -155,6 +179,7 @@ class IdentityService:
             max_group_weight=MAX_GROUP_MENTIONS)
         self._known_papers: dict[str, set[str]] = {}  # papers counted for promotion, by entity
         self._batches_written = 0
+        self.guesses_missed = 0  # groups written again because a guess no longer held
         warm_up()
         self.live = LiveIndex(store, typo_pack_at=config.typo_pack_at)
         logger.info("resolve core: %s", self.core.name)
@@ -163,16 +188,18 @@ class IdentityService:
     def index(self) -> NameIndex:
         return self.live.index
 
-    def _write(self, work: Callable[[Unit], T], *, wait: bool = True) -> T:
+    def _write(self, work: Callable[[Unit], T], *, wait: bool = True,
+               before_lock: BeforeLock | None = None) -> T:
         """work in one write transaction, then the placeholder links its changes call for.
-        wait=False: WouldBlock, before anything is done, when a lock is taken."""
+        wait=False: WouldBlock, before anything is done, when a lock is taken. `before_lock`:
+        what the transaction does before the store's lock (SqlStore.write)."""
         def linking(u: Unit) -> T:
             result = work(u)
             self._link_placeholders_to_later_candidates(u)
             return result
 
         try:
-            return self.live.write(linking, wait=wait)
+            return self.live.write(linking, wait=wait, before_lock=before_lock)
         except WouldBlock:
             raise
         except BaseException:
@@ -354,19 +381,96 @@ class IdentityService:
 
     def _write_group(self, batches: Sequence[PreparedBatch], *,
                      wait: bool = True) -> list[BatchReply]:
-        """The write queue's group: every job in order, in one transaction."""
-        return self._write(lambda u: [self._write_batch(u, b) for b in batches], wait=wait)
+        """The write queue's group: every job in order, in one transaction.
 
-    def _write_batch(self, u: Unit, batch: PreparedBatch) -> BatchReply:
+        Its mentions are decided first, before the store's lock (`_guess`); the evidence of
+        those whose only write is evidence is written before it too, under the locks of the
+        group's papers, which every transaction writing a paper's evidence takes first. Under
+        the store's lock the guesses are checked (`_confirm`) and the rest decided."""
+        papers = {b.context_id for b in batches if b.context_id}
+        if not papers:
+            return self._write(lambda u: [self._write_batch(u, b) for b in batches], wait=wait)
+        guess = self._guess(batches, wait=wait)
+        if guess is not None:
+            stored: dict[int, str] = {}
+            try:
+                return self._write(
+                    lambda u: [self._write_batch(u, b, guess.batches[i], stored.get(i), guess.seq)
+                               for i, b in enumerate(batches)],
+                    wait=wait,
+                    before_lock=(papers, lambda tx: self._write_guessed(tx, batches, guess,
+                                                                         stored)))
+            except GuessMissed:
+                self.guesses_missed += 1
+        return self._write(lambda u: [self._write_batch(u, b) for b in batches], wait=wait,
+                           before_lock=(papers, _nothing_before_lock))
+
+    def _guess(self, batches: Sequence[PreparedBatch], *, wait: bool) -> GroupGuess | None:
+        """The group's evidence-only mentions decided on the index as it stands (None: there
+        are none, or wait=False and the index is changing)."""
+        answer = self.live.answer if wait else self.live.answer_at_once
+        guess = answer(self._guess_now, batches)
+        return guess if guess is not None and any(guess.batches) else None
+
+    def _guess_now(self, batches: Sequence[PreparedBatch]) -> GroupGuess:
+        seq, index, threshold = self.live.seq, self.index, self.config.promote_after_papers
+        found: list[dict[int, Guess]] = []
+        for batch in batches:
+            guesses: dict[int, Guess] = {}
+            found.append(guesses)
+            if not batch.context_id:
+                continue
+            for i, m in enumerate(batch.parsed):
+                if isinstance(m, ItemError):
+                    continue
+                d = self.core.decide(index, m)
+                plan = lifecycle.plan_resolve(d, m, context_id=batch.context_id)
+                entity = plan.entity
+                # An entity due for promotion counts its papers under the lock: not guessed.
+                if (entity is not None and plan.evidence_only
+                        and not (threshold and lifecycle.promotable(entity, threshold))):
+                    guesses[i] = Guess(entity.entity_id, _result(
+                        entity, plan.match_kind, False, (), d, plan.matched_name, m))
+        return GroupGuess(seq, found)
+
+    def _write_guessed(self, tx: Tx, batches: Sequence[PreparedBatch], guess: GroupGuess,
+                       stored: dict[int, str]) -> None:
+        """Before the store's lock, holding the papers' locks: look for each batch's stored
+        reply (a repeat writes nothing; no other transaction can store one meanwhile) and
+        write the evidence of the others' guesses."""
+        not_before = time.time() - self.config.batch_reply_ttl_seconds
+        evidence: dict[tuple[str, str, str, str], int] = {}
+        for i, batch in enumerate(batches):
+            if batch.request_hash is not None:
+                reply = tx.batch_reply(batch.request_hash, not_before=not_before)
+                if reply is not None:
+                    stored[i] = reply
+                    continue
+            for position, g in guess.batches[i].items():
+                m = batch.parsed[position]
+                assert isinstance(m, Mention)
+                row = (g.entity_id, batch.context_id, m.display, m.raw_type)
+                evidence[row] = evidence.get(row, 0) + 1
+        tx.add_evidence(evidence)
+
+    def _write_batch(self, u: Unit, batch: PreparedBatch,
+                     guesses: Mapping[int, Guess] | None = None, stored: str | None = None,
+                     guessed_at: int = 0) -> BatchReply:
+        """One batch in the group's transaction. With `guesses` (made at feed position
+        `guessed_at`), the stored reply was looked for before the lock: `stored`."""
         oldest_kept = u.now - self.config.batch_reply_ttl_seconds
-        if batch.request_hash is not None:
+        if guesses is None and batch.request_hash is not None:
             stored = u.tx.batch_reply(batch.request_hash, not_before=oldest_kept)
-            if stored is not None:
-                return BatchReply(_decode_results(stored), replayed=True)
+        if stored is not None:
+            return BatchReply(_decode_results(stored), replayed=True)
         results: list[ResolveResult | ItemError] = []
-        for m in batch.parsed:
+        for i, m in enumerate(batch.parsed):
             if isinstance(m, ItemError):
                 results.append(m)
+                continue
+            g = guesses.get(i) if guesses else None
+            if g is not None:
+                results.append(self._confirm(u, m, batch.context_id, g, guessed_at))
                 continue
             results.append(self._resolve_one(u, m, batch.context_id))
             # As a call of its own would: the next mention may find a new best candidate.
@@ -401,6 +505,23 @@ class IdentityService:
             entity = self._promote_by_evidence(u, entity, context_id)
         return _result(entity, plan.match_kind, plan.new_entity, linked, d,
                        plan.matched_name, m)
+
+    def _confirm(self, u: Unit, m: Mention, context_id: str, g: Guess,
+                 guessed_at: int) -> ResolveResult:
+        """A guess's result under the lock: as guessed when no entity the decision could read
+        changed since; else decided again, which must plan the same evidence-only write (its
+        row is written), or GuessMissed."""
+        changes = u.name_changes(since=guessed_at)
+        if changes is not None and not changes.may_change(m.key):
+            return g.result
+        d = self.core.decide(self.index, m)
+        plan = lifecycle.plan_resolve(d, m, context_id=context_id)
+        entity = plan.entity
+        threshold = self.config.promote_after_papers
+        if (entity is None or entity.entity_id != g.entity_id or not plan.evidence_only
+                or (threshold and lifecycle.promotable(entity, threshold))):
+            raise GuessMissed(m.display)
+        return _result(entity, plan.match_kind, False, (), d, plan.matched_name, m)
 
     def _promote_by_evidence(self, u: Unit, entity: Entity, context_id: str) -> Entity:
         """Evidence from a paper not yet counted for the entity may make it due for promotion.
@@ -628,6 +749,11 @@ class IdentityService:
         `progress` is called with the number of records handled after each transaction."""
         return AuthorityImport(self._write, self.live, self.config).run(lines, fmt,
                                                                         progress=progress)
+
+
+def _nothing_before_lock(tx: Tx) -> None:
+    """A resolve group that guessed nothing still takes its papers' locks: a transaction that
+    wrote a paper's evidence before the store's lock may hold its rows."""
 
 
 def _forms_page(max_surface_forms: int | None, offset: int = 0) -> slice:

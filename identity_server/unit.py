@@ -24,7 +24,7 @@ from identity_server.domain import (
     provisional_id,
 )
 from identity_server.errors import FailedPrecondition
-from identity_server.index import NameIndex
+from identity_server.index import NameChanges, NameIndex
 from identity_server.lifecycle import (
     AUTHORITY,
     AUTHORITY_LISTED,
@@ -50,10 +50,18 @@ OPEN, DISTINCT, SAME, MOVED = "open", "distinct", "same", "moved"
 class Unit:
     """The store transaction, the index and the changes made so far in this transaction."""
 
-    def __init__(self, tx: Tx, index: NameIndex, seq: int) -> None:
+    def __init__(self, tx: Tx, index: NameIndex, seq: int, *, caught_up_from: int | None = None,
+                 caught_up: dict[str, Entity | None] | None = None) -> None:
         self.tx = tx
         self.index = index
         self.seq = seq
+        # The feed position the index held before this transaction caught it up, and the
+        # versions the catch-up replaced: with the unit's own changes, what changed since a
+        # decision made at that position (see name_changes).
+        self.caught_up_from = seq if caught_up_from is None else caught_up_from
+        self._replaced: dict[str, Entity | None] = dict(caught_up or {})
+        self._unread: set[str] = set(self._replaced)
+        self._changes = NameChanges()
         self.now = time.time()
         self.changes: list[ChangeRecord] = []
         self.touched: set[str] = set()
@@ -76,10 +84,24 @@ class Unit:
         self.changes.append(ChangeRecord(self.seq, kind, entity_id, other_id, detail, self.now))
         return self.seq
 
+    def name_changes(self, since: int) -> NameChanges | None:
+        """The names of every entity changed since feed position `since`, by other processes
+        (the catch-up) or by this unit, as they were then and as they are; None when the
+        versions of then are not known (the index moved past `since` before this transaction)."""
+        if since != self.caught_up_from:
+            return None
+        for eid in self._unread:
+            self._changes.add(self._replaced[eid], self.index.get(eid))
+        self._unread.clear()
+        return self._changes
+
     def put(self, entity: Entity, *, surface_form_only: bool = False) -> None:
         eid = entity.entity_id
         if eid not in self.touched_since_linking:
             self.touched_since_linking[eid] = self.index.get(eid)
+        if eid not in self._replaced:
+            self._replaced[eid] = self.index.get(eid)
+        self._unread.add(eid)
         self.index.put(entity)
         self.touched.add(eid)
         if not surface_form_only:

@@ -6,6 +6,7 @@ from typing import Any
 
 from identity_server.domain import RETIRED, NameRow  # stored names: the domain's own rows
 from identity_server.store.base import (
+    BeforeLock,
     ChangeRecord,
     LinkRow,
     SqlStore,
@@ -23,5 +24,5 @@ def open_store(url: str, **options: Any) -> SqlStore:
     return backend_for(url)(url, **options)
 
 
-__all__ = ["RETIRED", "ChangeRecord", "LinkRow", "NameRow", "SqlStore", "Tx", "WouldBlock",
+__all__ = ["RETIRED", "BeforeLock", "ChangeRecord", "LinkRow", "NameRow", "SqlStore", "Tx", "WouldBlock",
            "open_store", "ordered_pair"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, cast
@@ -70,6 +70,11 @@ def ordered_pair(x: str, y: str) -> tuple[str, str]:
     return (x, y) if x < y else (y, x)
 
 
+# What a write transaction does before the store-wide lock: the papers (context ids) whose
+# locks it holds meanwhile, and the work (see SqlStore.write).
+BeforeLock = tuple[Collection[str], Callable[["Tx"], None]]
+
+
 class WouldBlock(Exception):
     """A write asked not to wait would have had to (the caller then writes where it may wait)."""
 
@@ -122,7 +127,8 @@ class SqlStore:
     def _prepare_read(self, conn: Connection) -> None:
         """Set up a pooled connection for a read transaction, before it begins."""
 
-    def _write_transaction(self, wait: bool) -> Iterator[Tx]:
+    def _write_transaction(self, wait: bool,
+                           before_lock: BeforeLock | None) -> Iterator[Tx]:
         """A generator yielding one committed-on-success write transaction (see write())."""
         raise NotImplementedError
 
@@ -168,26 +174,34 @@ class SqlStore:
         with self.read() as tx:
             return None, tx.max_seq()
 
-    def write(self, *, wait: bool = True) -> AbstractContextManager[Tx]:
+    def write(self, *, wait: bool = True,
+              before_lock: BeforeLock | None = None) -> AbstractContextManager[Tx]:
         """A transaction holding the store-wide write lock; commits when the block succeeds.
 
         With wait=False it raises WouldBlock instead of waiting for the lock, before anything
         is done: this process's other writer, another process's write transaction (SQLite), or
         a network round trip per statement (PostgreSQL: never taken without waiting).
 
+        `before_lock` (papers, work): work(tx) runs in the transaction before the store-wide
+        lock is taken, holding instead a lock of each paper (context id) in `papers`, so the
+        evidence rows of a paper are written by one transaction at a time. Where the store's
+        lock is the transaction itself (SQLite), work runs first thing under it.
+
         The transaction itself is the context manager, not wrapped in another: every Resolve
         that writes opens one."""
-        return self._transaction(write=True, wait=wait)
+        return self._transaction(write=True, wait=wait, before_lock=before_lock)
 
     def read(self) -> AbstractContextManager[Tx]:
         return self._transaction(write=False)
 
     @contextmanager
-    def _transaction(self, *, write: bool, wait: bool = True) -> Iterator[Tx]:
+    def _transaction(self, *, write: bool, wait: bool = True,
+                     before_lock: BeforeLock | None = None) -> Iterator[Tx]:
         try:
             # `yield from`: the backend's generator runs inside this one, so the transaction is
             # still a single context manager.
-            yield from (self._write_transaction(wait) if write else self._read_transaction())
+            yield from (self._write_transaction(wait, before_lock) if write
+                        else self._read_transaction())
         except DBAPIError as e:
             if e.connection_invalidated or isinstance(e.orig, self._unavailable_errors()):
                 raise StoreUnavailable(f"identity store error: {e.orig}") from e

@@ -1,25 +1,39 @@
 """The PostgreSQL store: writes of every replica serialised by a transaction-scoped advisory
-lock, reads on one snapshot each, and every wait on the network service bounded (connect args,
-session settings, lock waits cancelled when the store closes).
+lock (and, before it, the evidence of a paper by a lock of each paper), reads on one snapshot
+each, and every wait on the network service bounded (connect args, session settings, lock waits
+cancelled when the store closes).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, make_url, select
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import OperationalError
 
 from identity_server.errors import StoreUnavailable
-from identity_server.store.base import CLOSE_WAIT_S, WAIT_SLICE_S, SqlStore, Tx, WouldBlock
+from identity_server.store.base import (
+    CLOSE_WAIT_S,
+    WAIT_SLICE_S,
+    BeforeLock,
+    SqlStore,
+    Tx,
+    WouldBlock,
+)
 
 logger = logging.getLogger(__name__)
 
 _PG_LOCK_KEY = 0x1D_E7_17  # the advisory lock that serialises identity writes
+_STORE_LOCK = "SELECT pg_advisory_xact_lock(%s)"
+# A paper's lock: the two-key form, a key space apart from the store's one-key lock. Taken in
+# key order by every transaction, so two that share papers never wait on each other in a cycle.
+_PG_PAPER_LOCK_CLASS = 0x1D_E7
+_PAPER_LOCKS = "SELECT pg_advisory_xact_lock(%s, k) FROM unnest(%s::int4[]) AS k"
 
 # PostgreSQL is a network service, so every wait on it is bounded, as SQLite's are by the busy
 # timeout: connecting, a server or a network that stops answering (TCP keepalives; unacknowledged
@@ -84,7 +98,8 @@ class PostgresStore(SqlStore):
         # snapshot taken before it would miss the commit that waited for.
         conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
 
-    def _write_transaction(self, wait: bool) -> Iterator[Tx]:
+    def _write_transaction(self, wait: bool,
+                           before_lock: BeforeLock | None) -> Iterator[Tx]:
         if not wait:
             raise WouldBlock("only SQLite writes can be tried without waiting")
         if self._closing:
@@ -92,13 +107,19 @@ class PostgresStore(SqlStore):
         with self._writes_done:
             self._writes += 1
         try:
-            started = time.perf_counter()
             with self.engine.connect() as conn:
                 with conn.begin():
-                    self._lock(conn)
+                    tx = Tx(conn, False)
+                    if before_lock is not None:
+                        papers, work = before_lock
+                        self._lock(conn, _PAPER_LOCKS, (_PG_PAPER_LOCK_CLASS, _paper_keys(papers)),
+                                   "the lock of a paper whose evidence this write records")
+                        work(tx)
+                    started = time.perf_counter()
+                    self._lock(conn, _STORE_LOCK, (_PG_LOCK_KEY,), "the store's write lock")
                     locked = time.perf_counter()
                     self._observe_lock_wait(locked - started)
-                    yield Tx(conn, False)
+                    yield tx
                 held = self.lock_hold_observer
                 if held is not None:
                     held(time.perf_counter() - locked)
@@ -107,26 +128,35 @@ class PostgresStore(SqlStore):
                 self._writes -= 1
                 self._writes_done.notify_all()
 
-    def _lock(self, conn: Connection) -> None:
-        """The advisory lock that serialises writes across replicas; waiting for it ends at the
-        busy timeout (lock_timeout: see _pg_session_settings), or at once when the store closes."""
+    def _lock(self, conn: Connection, statement: str, params: tuple[Any, ...],
+              what: str) -> None:
+        """Take advisory locks (the store's, or papers'); waiting for them ends at the busy
+        timeout (lock_timeout: see _pg_session_settings), or at once when the store closes."""
         driver = conn.connection.driver_connection
         self._waiting_for_lock.add(driver)
         try:
             if self._closing:
                 raise StoreUnavailable("the identity store is closing")
-            conn.execute(select(func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
+            conn.exec_driver_sql(statement, params)
         except OperationalError as e:
             if self._closing:
                 raise StoreUnavailable("the identity store is closing") from e
             if getattr(e.orig, "sqlstate", None) != "55P03":  # lock_not_available
                 raise
             raise StoreUnavailable(
-                f"another server process has held the store's write lock for more than "
+                f"another server process has held {what} for more than "
                 f"{self._busy_timeout_s:g} s; try again (a process hung inside a transaction "
                 f"loses the lock after {PG_IDLE_IN_TRANSACTION_S} s)") from e
         finally:
             self._waiting_for_lock.discard(driver)
+
+
+def _paper_keys(papers: Collection[str]) -> list[int]:
+    """The papers' lock keys, distinct and in order (two papers may share one: they then only
+    wait for each other)."""
+    return sorted({int.from_bytes(hashlib.blake2b(p.encode("utf-8", "surrogatepass"),
+                                                  digest_size=4).digest(), "big", signed=True)
+                   for p in papers})
 
 
 def _pg_connect_args(url: str) -> dict[str, Any]:

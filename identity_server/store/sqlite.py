@@ -21,6 +21,7 @@ from identity_server.errors import StoreUnavailable
 from identity_server.store.base import (
     CLOSE_WAIT_S,
     WAIT_SLICE_S,
+    BeforeLock,
     SqlStore,
     Tx,
     WouldBlock,
@@ -149,7 +150,8 @@ class SqliteStore(SqlStore):
     def _prepare_read(self, conn: Connection) -> None:
         conn.info["write"] = False  # the pool's connections keep their info (see _on_begin)
 
-    def _write_transaction(self, wait: bool) -> Iterator[Tx]:
+    def _write_transaction(self, wait: bool,
+                           before_lock: BeforeLock | None) -> Iterator[Tx]:
         if self._closing:
             raise StoreUnavailable("the identity store is closing")
         started = time.perf_counter()
@@ -169,6 +171,8 @@ class SqliteStore(SqlStore):
                 before = header.read() if header is not None else None
                 changes = driver.total_changes
                 tx = Tx(conn, True, driver)
+                if before_lock is not None:  # BEGIN IMMEDIATE took the store's lock already
+                    before_lock[1](tx)
                 yield tx
                 wrote = driver.total_changes != changes
                 if conn.in_transaction():  # a Core statement joined the transaction

@@ -24,6 +24,7 @@ import grpc
 import pytest
 from identity_api.v1 import identity_service_pb2 as pb
 from identity_api.v1 import identity_service_pb2_grpc as pb_grpc
+from sqlalchemy import text
 
 from identity_server.store import SqlStore
 from tests.conftest import pg_admin
@@ -194,7 +195,7 @@ def resolve_on_one_port(address: str, mentions: Sequence[str], clients: int) -> 
 def test_one_two_and_four_worker_processes_make_the_same_entities() -> None:
     """`serve --workers N` for N = 1, 2, 4, each on a fresh PostgreSQL store, from 6 clients
     on 6 connections: the same partition of mentions into entities, one entity per group, a
-    gapless feed."""
+    gapless feed, and every resolve's evidence counted once."""
     groups = name_groups(60, seed=13)
     mentions = [m for group in groups for m in group]
     expected = {frozenset(group) for group in groups}
@@ -209,9 +210,14 @@ def test_one_two_and_four_worker_processes_make_the_same_entities() -> None:
                 with store.read() as tx:
                     entities = tx.entity_count()
                     seqs = [c.seq for c in tx.changes_after(0)]
+                    counted = dict(tx.conn.execute(text(
+                        "SELECT context_id, SUM(count) FROM evidence GROUP BY context_id")).all())
             finally:
                 store.close()
         assert entities == len(groups), f"{workers} processes made {entities} entities"
+        # Each client's paper: every mention's evidence once, whether it was written before
+        # the store's lock (a guess) or under it.
+        assert counted == {f"paper-{i}": len(mentions) for i in range(6)}
         assert seqs == list(range(1, len(seqs) + 1)), "the change feed has gaps or reorderings"
     assert found[1] == expected
     assert found[2] == found[1]
