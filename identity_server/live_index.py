@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from identity_server.domain import Entity
 from identity_server.index import NameIndex
 from identity_server.store import BeforeLock, SqlStore, Tx, WouldBlock
-from identity_server.unit import Unit
+from identity_server.unit import LINK_KINDS, REPLAYED_KINDS, Unit, replayed
 
 logger = logging.getLogger(__name__)
 
@@ -68,17 +68,35 @@ class LiveIndex:
         logger.info("index built: %d entities, feed at %d", len(self.index), self.seq)
 
     def catch_up(self, tx: Tx) -> dict[str, Entity | None]:
-        """Apply the changes committed since the index's position; the versions they replaced."""
+        """Apply the changes committed since the index's position; the versions they replaced.
+
+        New entities and surface forms (most of what resolving writes) are applied from the
+        feed's events alone (`unit.replayed`); an entity any other change touched is read
+        again from the store, which holds the result of all of them."""
         changes = tx.changes_after(self.seq)
         if not changes:
             return {}
-        ids: set[str] = set()
+        stored: set[str] = set()  # read from the store
         for c in changes:
-            ids.add(c.entity_id)
-            if c.other_id:
-                ids.add(c.other_id)
-            ids.update(c.detail.get("redirected", ()))
-        replaced = self.reload(tx, ids)
+            if c.kind not in LINK_KINDS and c.kind not in REPLAYED_KINDS:
+                stored.add(c.entity_id)
+                if c.other_id:
+                    stored.add(c.other_id)
+                stored.update(c.detail.get("redirected", ()))
+        replaced: dict[str, Entity | None] = {}
+        for c in changes:
+            eid = c.entity_id
+            if c.kind in LINK_KINDS or eid in stored:
+                continue
+            current = self.index.get(eid)
+            entity = replayed(c, current)
+            if entity is None:  # not as its writer saw it: the store has it
+                stored.add(eid)
+                continue
+            replaced.setdefault(eid, current)
+            self.index.put(entity)
+        for eid, before in self.reload(tx, stored).items():
+            replaced.setdefault(eid, before)
         self.seq = changes[-1].seq
         self.schedule_typo_pack()
         return replaced

@@ -14,6 +14,7 @@ from typing import Any
 
 from identity_server import lifecycle
 from identity_server.domain import (
+    PROVISIONAL_PREFIX,
     RETIRED,
     Entity,
     Mention,
@@ -325,6 +326,33 @@ class Unit:
             if e is not None:
                 self.put(dataclasses.replace(e, redirect_to=t_id))
         return updated_target
+
+
+# Feed events that change no entity (links live in the store alone), and those whose event says
+# all they did to their entity (`replayed`).
+LINK_KINDS = frozenset((LINK_ADDED, LINK_SETTLED))
+REPLAYED_KINDS = frozenset((CREATED, SURFACE_FORM_ADDED))
+
+
+def replayed(change: ChangeRecord, current: Entity | None) -> Entity | None:
+    """The entity as `change` left it, worked out from the event and the entity before it, for
+    the kinds whose event says all they did, as `Unit` made them: a new provisional entity, a
+    surface form appended. None for the others (the store has their result)."""
+    if change.kind == CREATED and current is None:
+        detail = change.detail
+        return Entity(
+            entity_id=change.entity_id,
+            entity_type=detail["entity_type"],
+            status=Status.PROVISIONAL,
+            ordinal=int(change.entity_id.removeprefix(PROVISIONAL_PREFIX)),
+            placeholder=detail["placeholder"],
+            names=(Name(detail["name"], NameKind.NAME, 0),),
+        )
+    if change.kind == SURFACE_FORM_ADDED and current is not None:
+        display = change.detail["surface_form"]
+        if not current.has_display(display):
+            return current.with_name(Name(display, NameKind.SURFACE, current.next_position()))
+    return None
 
 
 def _names(rows: Any) -> tuple[Name, ...]:
