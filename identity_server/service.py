@@ -124,13 +124,13 @@ class EntityView:
 
 
 class Guess(NamedTuple):
-    """A mention decided before the store's lock, whose only write is evidence for an existing
-    entity: its evidence is written before the lock, and under it the guess stands when
-    nothing the decision read has changed since (else it is decided again, and must come out
-    the same)."""
+    """A mention decided before the store's lock. Under it the decision stands when nothing
+    it read has changed since, else the mention is decided again. When its only write is
+    evidence for an existing entity, its reply is made and its evidence written before the
+    lock (`result`), and a decision made again must come out the same."""
 
-    entity_id: str
-    result: ResolveResult
+    decision: Decision
+    result: ResolveResult | None = None  # None: it writes more than evidence
 
 
 class GroupGuess(NamedTuple):
@@ -142,8 +142,9 @@ class GroupGuess(NamedTuple):
 
 
 class GuessMissed(Exception):
-    """A guess no longer holds under the lock: its evidence was written for the wrong entity,
-    so the group's transaction is rolled back and written again, deciding under the lock."""
+    """An evidence-only guess no longer holds under the lock: its evidence was written for the
+    wrong entity, so the group's transaction is rolled back and written again, deciding under
+    the lock."""
 
 
 class _Unchanged(NamedTuple):
@@ -383,14 +384,17 @@ class IdentityService:
                      wait: bool = True) -> list[BatchReply]:
         """The write queue's group: every job in order, in one transaction.
 
-        Its mentions are decided first, before the store's lock (`_guess`); the evidence of
+        Its mentions are decided first, before the store's lock (`_guess_now`); the evidence of
         those whose only write is evidence is written before it too, under the locks of the
         group's papers, which every transaction writing a paper's evidence takes first. Under
-        the store's lock the guesses are checked (`_confirm`) and the rest decided."""
+        the store's lock each decision is kept when nothing it read changed since (`_holds`),
+        else made again; an evidence-only one must come out the same (`_confirm`)."""
         papers = {b.context_id for b in batches if b.context_id}
-        if not papers:
+        if not papers or not self.store.locks_inside_transaction:
+            # Nothing to write before the lock, or no way to: SQLite's transaction is its lock.
             return self._write(lambda u: [self._write_batch(u, b) for b in batches], wait=wait)
-        guess = self._guess(batches, wait=wait)
+        # Guessed only where the caller may wait: a write that may not is refused at once here.
+        guess = self.live.answer(self._guess_now, batches) if wait else None
         if guess is not None:
             stored: dict[int, str] = {}
             try:
@@ -405,14 +409,8 @@ class IdentityService:
         return self._write(lambda u: [self._write_batch(u, b) for b in batches], wait=wait,
                            before_lock=(papers, _nothing_before_lock))
 
-    def _guess(self, batches: Sequence[PreparedBatch], *, wait: bool) -> GroupGuess | None:
-        """The group's evidence-only mentions decided on the index as it stands (None: there
-        are none, or wait=False and the index is changing)."""
-        answer = self.live.answer if wait else self.live.answer_at_once
-        guess = answer(self._guess_now, batches)
-        return guess if guess is not None and any(guess.batches) else None
-
     def _guess_now(self, batches: Sequence[PreparedBatch]) -> GroupGuess:
+        """The group's mentions decided on the index as it stands (`live.answer` runs this)."""
         seq, index, threshold = self.live.seq, self.index, self.config.promote_after_papers
         found: list[dict[int, Guess]] = []
         for batch in batches:
@@ -429,15 +427,17 @@ class IdentityService:
                 # An entity due for promotion counts its papers under the lock: not guessed.
                 if (entity is not None and plan.evidence_only
                         and not (threshold and lifecycle.promotable(entity, threshold))):
-                    guesses[i] = Guess(entity.entity_id, _result(
-                        entity, plan.match_kind, False, (), d, plan.matched_name, m))
+                    guesses[i] = Guess(d, _result(entity, plan.match_kind, False, (), d,
+                                                  plan.matched_name, m))
+                else:
+                    guesses[i] = Guess(d)
         return GroupGuess(seq, found)
 
     def _write_guessed(self, tx: Tx, batches: Sequence[PreparedBatch], guess: GroupGuess,
                        stored: dict[int, str]) -> None:
         """Before the store's lock, holding the papers' locks: look for each batch's stored
         reply (a repeat writes nothing; no other transaction can store one meanwhile) and
-        write the evidence of the others' guesses."""
+        write the evidence of the other batches' evidence-only guesses."""
         not_before = time.time() - self.config.batch_reply_ttl_seconds
         evidence: dict[tuple[str, str, str, str], int] = {}
         for i, batch in enumerate(batches):
@@ -448,8 +448,10 @@ class IdentityService:
                     continue
             for position, g in guess.batches[i].items():
                 m = batch.parsed[position]
+                if g.result is None:
+                    continue
                 assert isinstance(m, Mention)
-                row = (g.entity_id, batch.context_id, m.display, m.raw_type)
+                row = (g.result.entity_id, batch.context_id, m.display, m.raw_type)
                 evidence[row] = evidence.get(row, 0) + 1
         tx.add_evidence(evidence)
 
@@ -469,10 +471,12 @@ class IdentityService:
                 results.append(m)
                 continue
             g = guesses.get(i) if guesses else None
-            if g is not None:
+            if g is not None and g.result is not None:
                 results.append(self._confirm(u, m, batch.context_id, g, guessed_at))
                 continue
-            results.append(self._resolve_one(u, m, batch.context_id))
+            decided = (g.decision if g is not None and _holds(u, m, g.decision, guessed_at)
+                       else None)
+            results.append(self._resolve_one(u, m, batch.context_id, decided))
             # As a call of its own would: the next mention may find a new best candidate.
             self._link_placeholders_to_later_candidates(u)
         # Kept only when the batch wrote something (with a context, each resolved mention
@@ -486,9 +490,11 @@ class IdentityService:
                 u.tx.purge_batch_replies(before=oldest_kept)
         return BatchReply(results)
 
-    def _resolve_one(self, u: Unit, m: Mention, context_id: str) -> ResolveResult:
-        """Decide, plan the writes, apply them: one mention inside a write transaction."""
-        d = self.core.decide(self.index, m)
+    def _resolve_one(self, u: Unit, m: Mention, context_id: str,
+                     decided: Decision | None = None) -> ResolveResult:
+        """Decide (unless `decided` still holds), plan the writes, apply them: one mention
+        inside a write transaction."""
+        d = self.core.decide(self.index, m) if decided is None else decided
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "decision mention=%r type=%s rule=%s outcome=%s candidates=%s",
@@ -508,17 +514,17 @@ class IdentityService:
 
     def _confirm(self, u: Unit, m: Mention, context_id: str, g: Guess,
                  guessed_at: int) -> ResolveResult:
-        """A guess's result under the lock: as guessed when no entity the decision could read
-        changed since; else decided again, which must plan the same evidence-only write (its
-        row is written), or GuessMissed."""
-        changes = u.name_changes(since=guessed_at)
-        if changes is not None and not changes.may_change(m.key):
+        """An evidence-only guess's result under the lock: as guessed when no entity the
+        decision could read changed since; else decided again, which must plan the same
+        evidence-only write (its row is written), or GuessMissed."""
+        assert g.result is not None
+        if _holds(u, m, g.decision, guessed_at):
             return g.result
         d = self.core.decide(self.index, m)
         plan = lifecycle.plan_resolve(d, m, context_id=context_id)
         entity = plan.entity
         threshold = self.config.promote_after_papers
-        if (entity is None or entity.entity_id != g.entity_id or not plan.evidence_only
+        if (entity is None or entity.entity_id != g.result.entity_id or not plan.evidence_only
                 or (threshold and lifecycle.promotable(entity, threshold))):
             raise GuessMissed(m.display)
         return _result(entity, plan.match_kind, False, (), d, plan.matched_name, m)
@@ -749,6 +755,18 @@ class IdentityService:
         `progress` is called with the number of records handled after each transaction."""
         return AuthorityImport(self._write, self.live, self.config).run(lines, fmt,
                                                                         progress=progress)
+
+
+def _holds(u: Unit, m: Mention, d: Decision, guessed_at: int) -> bool:
+    """Whether decision d for m, made at feed position `guessed_at`, is the one to apply now:
+    no entity it could read changed since (in the store, or earlier in this transaction), and
+    its candidates are the index's versions (its writes start from them: a surface form added
+    to a typo candidate leaves the decision as it was, not the entity)."""
+    changes = u.name_changes(since=guessed_at)
+    if changes is None or changes.may_change(m.key):
+        return False
+    index = u.index
+    return all(index.get(c.entity.entity_id) is c.entity for c in d.candidates)
 
 
 def _nothing_before_lock(tx: Tx) -> None:

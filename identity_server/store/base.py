@@ -91,6 +91,10 @@ class SqlStore:
     (`_unavailable_errors`), and tell commits apart (`commit_marker`, `commit_state`)."""
 
     is_sqlite: ClassVar[bool]
+    # Whether a write transaction can do work before taking the store-wide lock (`write`'s
+    # before_lock): PostgreSQL's lock is taken inside the transaction; SQLite's transaction
+    # is the lock.
+    locks_inside_transaction: ClassVar[bool]
 
     def __new__(cls, url: str, **options: Any) -> Self:
         backend = backend_for(url) if cls is SqlStore else cls

@@ -52,6 +52,7 @@ class PostgresStore(SqlStore):
     """The store in a PostgreSQL database, shared by any number of server processes."""
 
     is_sqlite = False
+    locks_inside_transaction = True
 
     def __init__(self, url: str, *, busy_timeout_s: float = 60.0) -> None:
         # Connections waiting for the replicas' write lock (close() cancels the wait), and the

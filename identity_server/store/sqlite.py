@@ -42,6 +42,7 @@ class SqliteStore(SqlStore):
     serialised anyway), instead of a pool checkout, begin and return per transaction."""
 
     is_sqlite = True
+    locks_inside_transaction = False
 
     def __init__(self, url: str, *, busy_timeout_s: float = 60.0,
                  checkpoint_every_s: float = 1.0, synchronous: str = "normal") -> None:

@@ -75,7 +75,7 @@ def _write(rng: random.Random, service: IdentityService, step: int) -> None:
         pass  # a merge or settlement the rules refuse: nothing written
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(6))
 def test_two_services_indexes_equal_the_store_after_random_writes(
         seed: int, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.sqlite'}"

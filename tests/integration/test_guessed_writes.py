@@ -1,5 +1,6 @@
 """Decided before the lock, checked under it: guesses and the papers' locks, on two services
-sharing one store (as two server processes do), on SQLite and on PostgreSQL.
+sharing one PostgreSQL store (as two server processes do). (On SQLite the transaction is the
+store's lock: nothing is done before it.)
 
 A write group's mentions are decided on the index before the store's write lock; those whose
 only write is evidence for an existing entity have their evidence written before the lock too.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,19 +27,12 @@ from identity_server.server import build_service
 from identity_server.service import GroupGuess, IdentityService, PreparedBatch
 from identity_server.settings import Settings
 
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        request.applymarker(pytest.mark.postgres)
-        found: str = request.getfixturevalue("pg_url")
-        return found
-    return f"sqlite:///{tmp_path / 'shared.sqlite'}"
+pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def pair(url: str) -> Iterator[tuple[IdentityService, IdentityService]]:
-    a, b = build_service(Settings(db_url=url)), build_service(Settings(db_url=url))
+def pair(pg_url: str) -> Iterator[tuple[IdentityService, IdentityService]]:
+    a, b = build_service(Settings(db_url=pg_url)), build_service(Settings(db_url=pg_url))
     yield a, b
     a.close()
     b.close()
@@ -155,7 +148,6 @@ def test_a_guess_an_earlier_mention_of_its_batch_overtook_is_written_again(
     assert evidence(a, "paper-1") == {made.entity_id: 1, tied.entity_id: 1}
 
 
-@pytest.mark.postgres
 def test_concurrent_batches_of_one_paper_on_two_processes_lose_no_evidence(
         pg_url: str) -> None:
     """Batches of one paper at once on two processes, each with mentions guessed (known
@@ -193,7 +185,6 @@ def test_concurrent_batches_of_one_paper_on_two_processes_lose_no_evidence(
         b.close()
 
 
-@pytest.mark.postgres
 def test_a_paper_written_under_the_lock_and_guessed_elsewhere_at_once_does_not_deadlock(
         pg_url: str) -> None:
     """One process writes a paper's evidence under the store's lock (its guesses missed, so it
@@ -239,27 +230,3 @@ def test_a_paper_written_under_the_lock_and_guessed_elsewhere_at_once_does_not_d
             t.join(timeout=60)
         a.close()
         b.close()
-
-
-def test_one_batch_sent_to_both_processes_at_once_is_written_once(
-        pair: tuple[IdentityService, IdentityService]) -> None:
-    a, b = pair
-    engine = a.resolve("Difference Engine", "tool", context_id="paper-0").entity_id
-    mentions = [("Difference Engine", "tool"), ("Ada Lovelace", "person")]
-    start = threading.Barrier(8)
-    replies: list[list[Any]] = [[] for _ in range(8)]
-
-    def caller(i: int) -> None:
-        start.wait()
-        replies[i] = (a, b)[i % 2].resolve_batch("paper-1", mentions)
-
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    first = replies[0]
-    assert all(r == first for r in replies)
-    assert first[0].entity_id == engine
-    assert evidence(a, "paper-1") == {engine: 1, first[1].entity_id: 1}
-    assert sum(1 for c in a.list_changes(0) if c.kind == "created") == 2

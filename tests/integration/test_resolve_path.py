@@ -176,10 +176,10 @@ def test_a_failed_group_fails_each_of_its_callers_and_the_next_call_writes(
 ) -> None:
     real_resolve = service._resolve_one
 
-    def failing(u, m, context_id):  # type: ignore[no-untyped-def]
+    def failing(u, m, context_id, decided=None):  # type: ignore[no-untyped-def]
         if m.display == "Broken Mention":
             raise RuntimeError("the store went away")
-        return real_resolve(u, m, context_id)
+        return real_resolve(u, m, context_id, decided)
 
     monkeypatch.setattr(service, "_resolve_one", failing)
     outcomes, _, gate, threads = _queue_behind_a_held_group(

@@ -156,3 +156,47 @@ def test_a_repeated_batch_gets_the_stored_reply_on_either_store(
         assert [r.entity_id for r in other] == [r.entity_id for r in first[:2]]
     finally:
         service.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_one_batch_sent_to_both_processes_at_once_is_written_once(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The same request at once on two processes: one writes it, the others replay its reply
+    (on PostgreSQL the paper's lock orders them before any evidence is written)."""
+    import threading
+
+    from sqlalchemy import text
+
+    if backend == "postgres":
+        request.applymarker(pytest.mark.postgres)
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
+    a, b = build_service(Settings(db_url=url)), build_service(Settings(db_url=url))
+    try:
+        engine = a.resolve("Difference Engine", "tool", context_id="paper-0").entity_id
+        mentions = [("Difference Engine", "tool"), ("Ada Lovelace", "person")]
+        start = threading.Barrier(8)
+        replies: list[list[object]] = [[] for _ in range(8)]
+
+        def caller(i: int) -> None:
+            start.wait()
+            replies[i] = list((a, b)[i % 2].resolve_batch("paper-1", mentions))
+
+        threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        first = replies[0]
+        assert all(r == first for r in replies)
+        with a.store.read() as tx:
+            counted = dict(tx.conn.execute(text(
+                "SELECT entity_id, SUM(count) FROM evidence WHERE context_id = 'paper-1' "
+                "GROUP BY entity_id")).all())
+        assert counted == {engine: 1, first[1].entity_id: 1}  # type: ignore[attr-defined]
+        assert sum(1 for c in a.list_changes(0) if c.kind == "created") == 2
+    finally:
+        a.close()
+        b.close()
