@@ -132,6 +132,16 @@ def pg_admin() -> Any:
         pytest.skip(f"no PostgreSQL at 127.0.0.1:5432 ({e}); set CI to make this a failure")
 
 
+def store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A fresh store's URL for a test parametrized by backend: a SQLite file in tmp_path, or
+    (marking the test `postgres`) a schema of its own in PostgreSQL."""
+    if backend == "postgres":
+        request.applymarker(pytest.mark.postgres)
+        url: str = request.getfixturevalue("pg_url")
+        return url
+    return f"sqlite:///{tmp_path / 'store.sqlite'}"
+
+
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh schema in the `test` database, dropped afterwards."""

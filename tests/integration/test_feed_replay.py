@@ -20,6 +20,7 @@ from identity_server.errors import FailedPrecondition
 from identity_server.server import build_service
 from identity_server.service import IdentityService
 from identity_server.settings import Settings
+from tests.conftest import store_url
 
 SPELLINGS = ["Grace Hopper", "grace hopper", "Grace-Hopper", "Grace Hoppr", "Ada Lovelace",
              "ADA LOVELACE", "Ada Lovelase", "COBOL", "Cobol", "Jordan Smith", "Jordan Smyth",
@@ -75,30 +76,15 @@ def _write(rng: random.Random, service: IdentityService, step: int) -> None:
         pass  # a merge or settlement the rules refuse: nothing written
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(("backend", "seed"),
+                         [("sqlite", seed) for seed in range(6)] + [("postgres", 11)])
 def test_two_services_indexes_equal_the_store_after_random_writes(
-        seed: int, tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
+        backend: str, seed: int, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = store_url(backend, tmp_path, request)
     a, b = build_service(Settings(db_url=url)), build_service(Settings(db_url=url))
     rng = random.Random(seed)
     try:
         for round_ in range(8):
-            for step in range(12):
-                _write(rng, rng.choice((a, b)), round_ * 100 + step)
-            _check_index_equals_store(a)
-            _check_index_equals_store(b)
-    finally:
-        a.close()
-        b.close()
-
-
-@pytest.mark.postgres
-def test_two_services_indexes_equal_the_store_after_random_writes_on_postgres(
-        pg_url: str) -> None:
-    a, b = build_service(Settings(db_url=pg_url)), build_service(Settings(db_url=pg_url))
-    rng = random.Random(11)
-    try:
-        for round_ in range(6):
             for step in range(12):
                 _write(rng, rng.choice((a, b)), round_ * 100 + step)
             _check_index_equals_store(a)

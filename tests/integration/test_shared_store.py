@@ -15,6 +15,7 @@ from identity_server.domain import MatchKind, Status
 from identity_server.server import build_service
 from identity_server.service import IdentityService
 from identity_server.settings import Settings
+from tests.conftest import store_url
 
 
 @pytest.fixture
@@ -140,11 +141,7 @@ def test_a_repeated_batch_gets_the_stored_reply_on_either_store(
 ) -> None:
     """The stored-reply lookup is plain SQL per dialect: on both stores a repeated batch (same
     context, same mentions) gets the first reply and writes nothing; a changed one is resolved."""
-    if backend == "postgres":
-        request.applymarker(pytest.mark.postgres)
-        url = request.getfixturevalue("pg_url")
-    else:
-        url = f"sqlite:///{tmp_path / 'replies.sqlite'}"
+    url = store_url(backend, tmp_path, request)
     service = build_service(Settings(db_url=url))
     try:
         mentions = [("Grace Hopper", "person"), ("COBOL", "tool"), ("grace hopper", "person")]
@@ -168,11 +165,7 @@ def test_one_batch_sent_to_both_processes_at_once_is_written_once(
 
     from sqlalchemy import text
 
-    if backend == "postgres":
-        request.applymarker(pytest.mark.postgres)
-        url = request.getfixturevalue("pg_url")
-    else:
-        url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
+    url = store_url(backend, tmp_path, request)
     a, b = build_service(Settings(db_url=url)), build_service(Settings(db_url=url))
     try:
         engine = a.resolve("Difference Engine", "tool", context_id="paper-0").entity_id
