@@ -13,8 +13,8 @@ dropped at the end) holding the 100k-entity benchmark store:
   CPU µs an item of the server's processes (supervisor and workers, from /proc).
 - **the lock's share**: the same load against servers run by this module in a child process
   each (`start_server`, as `serve` does), whose store reports how long each write waited for the
-  lock (`lock_wait_observer`) and held it, from granted to committed (PostgreSQL's
-  `lock_hold_observer`). With one process, saturated by the load, the lock is held a share `h`
+  lock (`lock_wait_observer`) and held it, from granted to committed
+  (`lock_hold_observer`). With one process, saturated by the load, the lock is held a share `h`
   of the wall time; N processes, each as busy, would need it N x h of the time, so the lock, not
   the CPU, becomes the limit at N = 1 / h processes (more cores than processes assumed; with
   fewer, the CPU is the limit first). With two processes (two children, the callers split

@@ -68,8 +68,12 @@ class Metrics:
         self.lock_wait = Histogram("identity_store_write_lock_wait_seconds",
                                    "Time a write waited for the store's write lock.",
                                    buckets=LOCK_BUCKETS, registry=r)
+        self.lock_hold = Histogram("identity_store_write_lock_hold_seconds",
+                                   "Time a committed write held the store's write lock, from "
+                                   "granted to committed.", buckets=LOCK_BUCKETS, registry=r)
         r.register(_StoreCollector(service))
         service.store.lock_wait_observer = self.lock_wait.observe
+        service.store.lock_hold_observer = self.lock_hold.observe
 
     def record_start(self, method: str) -> None:
         self.started.labels(SERVICE, method, _TYPES.get(method, UNARY)).inc()

@@ -105,8 +105,10 @@ class SqlStore:
         self.url = url
         self._busy_timeout_s = busy_timeout_s
         self._closing = False
-        # Told how long each write waited for the store's write lock (the metrics' histogram).
+        # Told how long each write waited for the store's write lock, and how long each
+        # committed write held it, from granted to committed (the metrics' histograms).
         self.lock_wait_observer: Callable[[float], None] | None = None
+        self.lock_hold_observer: Callable[[float], None] | None = None
         try:
             self.engine: Engine = self._create_engine()
             t.metadata.create_all(self.engine)
@@ -138,6 +140,11 @@ class SqlStore:
 
     def _observe_lock_wait(self, seconds: float) -> None:
         observer = self.lock_wait_observer
+        if observer is not None:
+            observer(seconds)
+
+    def _observe_lock_hold(self, seconds: float) -> None:
+        observer = self.lock_hold_observer
         if observer is not None:
             observer(seconds)
 

@@ -10,7 +10,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
@@ -60,9 +60,6 @@ class PostgresStore(SqlStore):
         self._waiting_for_lock: set[Any] = set()
         self._writes = 0
         self._writes_done = threading.Condition()
-        # Told how long each committed write held the replicas' lock, from granted to committed
-        # (benchmarks/bench_workers.py: the lock's share of the time, the processes it allows).
-        self.lock_hold_observer: Callable[[float], None] | None = None
         super().__init__(url, busy_timeout_s=busy_timeout_s)
 
     def _create_engine(self) -> Engine:
@@ -121,9 +118,7 @@ class PostgresStore(SqlStore):
                     locked = time.perf_counter()
                     self._observe_lock_wait(locked - started)
                     yield tx
-                held = self.lock_hold_observer
-                if held is not None:
-                    held(time.perf_counter() - locked)
+                self._observe_lock_hold(time.perf_counter() - locked)
         finally:
             with self._writes_done:
                 self._writes -= 1

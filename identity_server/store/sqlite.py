@@ -166,7 +166,8 @@ class SqliteStore(SqlStore):
                 self._begin_waiting(conn, driver)
             else:
                 self._begin_at_once(conn, driver)
-            self._observe_lock_wait(time.perf_counter() - started)
+            locked = time.perf_counter()
+            self._observe_lock_wait(locked - started)
             header = self._wal_header
             try:
                 before = header.read() if header is not None else None
@@ -180,6 +181,7 @@ class SqliteStore(SqlStore):
                     conn.commit()  # SQLAlchemy's commit: the driver's COMMIT
                 else:
                     driver.commit()
+                self._observe_lock_hold(time.perf_counter() - locked)
                 if before is not None and header is not None:
                     tx.commit_marker = own_commit_marker(before, header.read(), wrote)
                 if self._checkpointer is not None and self._checkpointer.tail_due:

@@ -92,6 +92,11 @@ def test_counters_move_by_exactly_the_calls_made(measured: RunningServer) -> Non
     assert moved(outcomes, match_kind="ERROR") == 1
     assert moved("identity_entities_created_total") == 3
     assert moved("identity_store_write_lock_wait_seconds_count") >= 1
+    # Every write that waited for the lock held it: the same count, each hold a real time.
+    held = moved("identity_store_write_lock_hold_seconds_count")
+    assert held == moved("identity_store_write_lock_wait_seconds_count")
+    assert moved("identity_store_write_lock_hold_seconds_sum") > 0
+    assert moved("identity_write_groups_rewritten_total") == 0
     # The gauges read the store as it is now.
     assert value(after, "identity_change_feed_sequence") == changes[-1].change.sequence
     assert value(after, "identity_possibly_same_as_open") == 1  # Maria ~ Mario
