@@ -770,8 +770,9 @@ def _holds(u: Unit, m: Mention, d: Decision, guessed_at: int) -> bool:
 
 
 def _nothing_before_lock(tx: Tx) -> None:
-    """A resolve group that guessed nothing still takes its papers' locks: a transaction that
-    wrote a paper's evidence before the store's lock may hold its rows."""
+    """A resolve group written without guesses (written again after one missed, or by a
+    caller that may not wait) still takes its papers' locks first: a transaction that wrote a
+    paper's evidence before the store's lock may hold those rows."""
 
 
 def _forms_page(max_surface_forms: int | None, offset: int = 0) -> slice:
