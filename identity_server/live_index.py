@@ -247,6 +247,13 @@ class LiveIndex:
             self.settle()
             return work(*args)
 
+    def as_it_stands(self, work: Callable[..., T], *args: Any) -> T:
+        """work(*args) on the index as it stands (under the lock), without asking the store for
+        newer commits: for a caller that checks later what changed since `seq` (it reads it in
+        work) and costs a round trip to the store less."""
+        with self.lock:
+            return work(*args)
+
     def answer_at_once(self, work: Callable[..., T], *args: Any) -> T | None:
         """`answer`'s optimistic path alone: work(*args), or None when it needs the lock. (The
         arguments passed, not a closure made: the event loop answers most Resolves here.)"""

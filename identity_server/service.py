@@ -394,7 +394,7 @@ class IdentityService:
             # Nothing to write before the lock, or no way to: SQLite's transaction is its lock.
             return self._write(lambda u: [self._write_batch(u, b) for b in batches], wait=wait)
         # Guessed only where the caller may wait: a write that may not is refused at once here.
-        guess = self.live.answer(self._guess_now, batches) if wait else None
+        guess = self.live.as_it_stands(self._guess_now, batches) if wait else None
         if guess is not None:
             stored: dict[int, str] = {}
             try:
@@ -410,7 +410,8 @@ class IdentityService:
                            before_lock=(papers, _nothing_before_lock))
 
     def _guess_now(self, batches: Sequence[PreparedBatch]) -> GroupGuess:
-        """The group's mentions decided on the index as it stands (`live.answer` runs this)."""
+        """The group's mentions decided on the index as it stands (whatever was committed
+        since is checked under the store's lock)."""
         seq, index, threshold = self.live.seq, self.index, self.config.promote_after_papers
         found: list[dict[int, Guess]] = []
         for batch in batches:
