@@ -396,10 +396,12 @@ class IdentityService:
         # Guessed only where the caller may wait: a write that may not is refused at once here.
         guess = self.live.as_it_stands(self._guess_now, batches) if wait else None
         if guess is not None:
-            stored: dict[int, str] = {}
+            stored: dict[int, str | None] = {}  # None: the repeat of an earlier batch of the group
             try:
                 return self._write(
-                    lambda u: [self._write_batch(u, b, guess.batches[i], stored.get(i), guess.seq)
+                    lambda u: [self._write_batch(u, b) if i in stored and stored[i] is None
+                               else self._write_batch(u, b, guess.batches[i], stored.get(i),
+                                                      guess.seq)
                                for i, b in enumerate(batches)],
                     wait=wait,
                     before_lock=(papers, lambda tx: self._write_guessed(tx, batches, guess,
@@ -435,14 +437,21 @@ class IdentityService:
         return GroupGuess(seq, found)
 
     def _write_guessed(self, tx: Tx, batches: Sequence[PreparedBatch], guess: GroupGuess,
-                       stored: dict[int, str]) -> None:
+                       stored: dict[int, str | None]) -> None:
         """Before the store's lock, holding the papers' locks: look for each batch's stored
         reply (a repeat writes nothing; no other transaction can store one meanwhile) and
-        write the evidence of the other batches' evidence-only guesses."""
+        write the evidence of the other batches' evidence-only guesses. A batch repeating an
+        earlier one of the group (a client's retry that joined it) is marked None: under the
+        lock it finds the reply that one stored."""
         not_before = time.time() - self.config.batch_reply_ttl_seconds
         evidence: dict[tuple[str, str, str, str], int] = {}
+        earlier: set[str] = set()
         for i, batch in enumerate(batches):
             if batch.request_hash is not None:
+                if batch.request_hash in earlier:
+                    stored[i] = None
+                    continue
+                earlier.add(batch.request_hash)
                 reply = tx.batch_reply(batch.request_hash, not_before=not_before)
                 if reply is not None:
                     stored[i] = reply

@@ -24,7 +24,7 @@ from identity_server.domain import MatchKind, Mention
 from identity_server.matching import Decision
 from identity_server.metrics import Metrics
 from identity_server.server import build_service
-from identity_server.service import GroupGuess, IdentityService, PreparedBatch
+from identity_server.service import GroupGuess, IdentityService, PreparedBatch, ResolveResult
 from identity_server.settings import Settings
 
 pytestmark = pytest.mark.postgres
@@ -136,6 +136,22 @@ def test_a_guess_an_earlier_mention_of_its_batch_overtook_is_written_again(
     assert set(tied.candidates) == {person, made.entity_id}
     assert a.guesses_missed == 1
     assert evidence(a, "paper-1") == {made.entity_id: 1, tied.entity_id: 1}
+
+
+def test_a_repeat_that_joins_its_original_in_one_group_is_written_once(
+        pair: tuple[IdentityService, IdentityService]) -> None:
+    """A client's retry queued while its original waits joins the same write group: neither
+    reply is stored when the group looks before the lock, so the retry must find the one its
+    original stores under it, not write the paper's evidence again."""
+    a, _ = pair
+    engine = a.resolve("Difference Engine", "tool", context_id="paper-0").entity_id
+    batch = a.prepare_batch("paper-1", [("Difference Engine", "tool"), ("Ada Lovelace", "person")])
+    first, again = a._write_group([batch, batch])
+    assert not first.replayed and again.replayed
+    assert again.results == first.results
+    made = first.results[1]
+    assert isinstance(made, ResolveResult) and made.created
+    assert evidence(a, "paper-1") == {engine: 1, made.entity_id: 1}
 
 
 def test_concurrent_batches_of_one_paper_on_two_processes_lose_no_evidence(
