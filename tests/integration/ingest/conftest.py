@@ -6,7 +6,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,10 @@ WALL_CLOCK = {"ingested_at", "valid_from"}
 Snapshot = dict[str, list[tuple[Any, ...]]]
 
 
-def take_snapshot(db: Path, *, wall_clock: bool = False) -> Snapshot:
-    """Every table's rows, sorted; without wall-clock columns unless asked."""
+def take_snapshot(db: Path, *, wall_clock: bool = False,
+                  leave_out: Collection[str] = ()) -> Snapshot:
+    """Every table's rows, sorted; without wall-clock columns unless asked, nor the columns
+    in `leave_out`."""
     con = duckdb.connect(str(db), read_only=True)
     try:
         out: Snapshot = {}
@@ -32,6 +34,8 @@ def take_snapshot(db: Path, *, wall_clock: bool = False) -> Snapshot:
             cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
             exprs = []
             for c in cols:
+                if c in leave_out:
+                    continue
                 if c == "valid_to" and not wall_clock:
                     exprs.append("valid_to IS NOT NULL AS closed")
                 elif wall_clock or c not in WALL_CLOCK:

@@ -28,15 +28,10 @@ from ingest.pipeline import JobOptions, sync_redirects
 from ingest.sink import GraphSink
 from ingest.staging import bucket_of
 from ingest.testing import serve_stub, synthetic_papers
-from tests.integration.ingest.conftest import rows
+from tests.integration.ingest.conftest import TABLES, Snapshot, rows, take_snapshot
 
 pytestmark = pytest.mark.slow
 
-TABLES = ("papers", "mentions", "relationships", "rejects", "redirects", "possibly_same_as",
-          "sync_state")
-# Wall-clock columns: when a row was written, which no two runs share. A closed relationship
-# must still be closed, so valid_to is compared as "is it set".
-WALL_CLOCK = {"ingested_at", "valid_from"}
 # Across buckets, papers reach the identity server in no set order, so which paper asked first
 # about a name, and so *created* its entity, is not the single-process job's: `created`, the
 # match kind that follows from it (`new`, or an exact or case match), the name it matched (the
@@ -74,23 +69,9 @@ def corpus(directory: Path, jsonl: Callable[..., Path], n: int = 48) -> Path:
     return directory
 
 
-def graph(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+def graph(db: Path) -> Snapshot:
     """Every table's rows, sorted, without wall-clock and order-dependent columns."""
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        out = {}
-        for table in TABLES:
-            exprs = []
-            for (c,) in con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall():
-                if c == "valid_to":
-                    exprs.append("valid_to IS NOT NULL AS closed")
-                elif c not in WALL_CLOCK | ORDER_DEPENDENT:
-                    exprs.append(f'"{c}"')
-            out[table] = con.execute(
-                f"SELECT {', '.join(exprs)} FROM {table} ORDER BY ALL").fetchall()
-        return out
-    finally:
-        con.close()
+    return take_snapshot(db, leave_out=ORDER_DEPENDENT)
 
 
 def created_once(db: Path) -> list[tuple[Any, ...]]:
