@@ -75,25 +75,29 @@ def server_process(db_url: str, workers: int = 1, *, drain_s: float = 5.0) -> It
 
 
 def run_clients(addresses: list[str], names: list[str]) -> list[dict[str, str]]:
+    """CLIENTS clients, taking the servers' addresses in turn, each on the channel of its
+    address."""
     channels = [grpc.insecure_channel(a) for a in addresses]
-    stubs = [pb_grpc.IdentityServiceStub(c) for c in channels]
+    return resolve_in_shuffled_orders(channels, names, CLIENTS, seed=0)
 
+
+def resolve_in_shuffled_orders(channels: Sequence[grpc.Channel], names: Sequence[str],
+                               clients: int, *, seed: int) -> list[dict[str, str]]:
+    """`clients` threads, client i on channels[i % len(channels)], each resolving every name
+    once, in its own shuffled order (seeded seed + i), under a paper of its own; each client's
+    names to the ids it got. Closes the channels."""
     def client(i: int) -> dict[str, str]:
-        stub = stubs[i % len(stubs)]
-        order = names[:]
-        random.Random(i).shuffle(order)
-        seen: dict[str, str] = {}
-        for name in order:
-            reply = stub.Resolve(
-                pb.ResolveRequest(mention=name, entity_type="person", context_id=f"paper-{i}"),
-                timeout=60,
-            )
-            seen[name] = reply.entity_id
-        return seen
+        stub = pb_grpc.IdentityServiceStub(channels[i % len(channels)])
+        order = list(names)
+        random.Random(seed + i).shuffle(order)
+        return {name: stub.Resolve(pb.ResolveRequest(mention=name, entity_type="person",
+                                                     context_id=f"paper-{i}"),
+                                   timeout=60).entity_id
+                for name in order}
 
     try:
-        with ThreadPoolExecutor(CLIENTS) as pool:
-            return list(pool.map(client, range(CLIENTS)))
+        with ThreadPoolExecutor(clients) as pool:
+            return list(pool.map(client, range(clients)))
     finally:
         for c in channels:
             c.close()
@@ -173,21 +177,7 @@ def resolve_on_one_port(address: str, mentions: Sequence[str], clients: int) -> 
     # A local subchannel pool a channel: channels to one address would share one connection.
     channels = [grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
                 for _ in range(clients)]
-
-    def client(i: int) -> dict[str, str]:
-        stub = pb_grpc.IdentityServiceStub(channels[i])
-        order = list(mentions)
-        random.Random(100 + i).shuffle(order)
-        return {m: stub.Resolve(pb.ResolveRequest(mention=m, entity_type="person",
-                                                  context_id=f"paper-{i}"), timeout=60).entity_id
-                for m in order}
-
-    try:
-        with ThreadPoolExecutor(clients) as pool:
-            return list(pool.map(client, range(clients)))
-    finally:
-        for c in channels:
-            c.close()
+    return resolve_in_shuffled_orders(channels, mentions, clients, seed=100)
 
 
 @pytest.mark.slow
