@@ -414,7 +414,7 @@ class IdentityService:
     def _guess_now(self, batches: Sequence[PreparedBatch]) -> GroupGuess:
         """The group's mentions decided on the index as it stands (whatever was committed
         since is checked under the store's lock)."""
-        seq, index, threshold = self.live.seq, self.index, self.config.promote_after_papers
+        seq, index = self.live.seq, self.index
         found: list[dict[int, Guess]] = []
         for batch in batches:
             guesses: dict[int, Guess] = {}
@@ -426,11 +426,9 @@ class IdentityService:
                     continue
                 d = self.core.decide(index, m)
                 plan = lifecycle.plan_resolve(d, m, context_id=batch.context_id)
-                entity = plan.entity
-                # An entity due for promotion counts its papers under the lock: not guessed.
-                if (entity is not None and plan.evidence_only
-                        and not (threshold and lifecycle.promotable(entity, threshold))):
-                    guesses[i] = Guess(d, _result(entity, plan.match_kind, False, (), d,
+                if self._written_before_lock(plan):
+                    assert plan.entity is not None
+                    guesses[i] = Guess(d, _result(plan.entity, plan.match_kind, False, (), d,
                                                   plan.matched_name, m))
                 else:
                     guesses[i] = Guess(d)
@@ -533,11 +531,17 @@ class IdentityService:
         d = self.core.decide(self.index, m)
         plan = lifecycle.plan_resolve(d, m, context_id=context_id)
         entity = plan.entity
-        threshold = self.config.promote_after_papers
-        if (entity is None or entity.entity_id != g.result.entity_id or not plan.evidence_only
-                or (threshold and lifecycle.promotable(entity, threshold))):
+        if (not self._written_before_lock(plan) or entity is None
+                or entity.entity_id != g.result.entity_id):
             raise GuessMissed(m.display)
         return _result(entity, plan.match_kind, False, (), d, plan.matched_name, m)
+
+    def _written_before_lock(self, plan: lifecycle.ResolveWrites) -> bool:
+        """Whether a plan's writes may be made before the store's lock: evidence alone, for
+        an existing entity no promotion can be due for (that counts papers under the lock)."""
+        threshold = self.config.promote_after_papers
+        return (plan.entity is not None and plan.evidence_only
+                and not (threshold and lifecycle.promotable(plan.entity, threshold)))
 
     def _promote_by_evidence(self, u: Unit, entity: Entity, context_id: str) -> Entity:
         """Evidence from a paper not yet counted for the entity may make it due for promotion.
